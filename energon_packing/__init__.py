@@ -12,7 +12,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 # public name -> module that defines it (imported lazily, PEP 562)
-_LAZY = {}
+_LAZY = {
+    "PackingTaskEncoder": "task_encoder",
+    "PackedSample": "task_encoder",
+    "PackingError": "task_encoder",
+    "ConversationSample": "samples",
+    "EncodedConversation": "samples",
+    "PackingConfig": "config",
+    "PackingStats": "stats",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,112 @@
+"""The one source of truth for every packing knob: a validated dataclass.
+
+``PackingTaskEncoder(**knobs)`` and ``PackingConfig.from_dict(yaml_dict)`` both land here;
+unknown keys raise, and every error names the knob and the value that fixes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from energon_packing.algorithms import check_algorithm
+from energon_packing.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
+
+OVERLONG_POLICIES = ("drop", "truncate", "error")
+TRAIN_ON = ("all_assistant", "last_assistant")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PackingConfig:
+    """Packing knobs.
+
+    Attributes:
+        max_input_seq_length: Pack width C in tokens; every pack is exactly this wide.
+        pad_multiple: Each conversation is padded to a multiple of this (C must be one too).
+            With context parallelism CP use a multiple of 2*CP (of TP*CP with sequence
+            parallelism), so every padded segment splits evenly across CP ranks.
+        algorithm: Packing algorithm, one of ``energon_packing.algorithms.ALGORITHMS``.
+        max_per_pack: At most this many conversations per pack (None: no limit).
+        seed: Seed of ``first_fit_shuffle`` (mixed with each buffer's content).
+        delta: Extra packs pre-allocated by ``balanced_greedy_knapsack``.
+        overlong: Conversations longer than C after padding: ``"drop"`` (skip, counted),
+            ``"truncate"`` (cut text after the last image, keep >= 1 trained token, else drop)
+            or ``"error"`` (stop with a message naming the sample).
+        train_on: ``"all_assistant"`` turns, or only the ``"last_assistant"`` turn.
+        mrope: Emit Qwen2-VL 3-row (t, h, w) ``position_ids`` instead of 1-row.
+        min_pixels: Images are upscaled to at least this many pixels (Qwen2-VL's knob).
+        max_pixels: Images are downscaled to at most this many pixels.
+    """
+
+    max_input_seq_length: int
+    pad_multiple: int = 1
+    algorithm: str = "subset_fill"
+    max_per_pack: int | None = None
+    seed: int = 0
+    delta: int = 0
+    overlong: str = "drop"
+    train_on: str = "all_assistant"
+    mrope: bool = False
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        capacity = self.max_input_seq_length
+        _positive_int("max_input_seq_length", capacity)
+        _positive_int("pad_multiple", self.pad_multiple)
+        if capacity % self.pad_multiple:
+            raise ValueError(
+                f"max_input_seq_length={capacity} is not a multiple of pad_multiple="
+                f"{self.pad_multiple}: every padded conversation and the pack must align. Use "
+                f"max_input_seq_length={capacity - capacity % self.pad_multiple} or a "
+                f"pad_multiple that divides it (with context parallelism CP: a multiple of 2*CP)"
+            )
+        check_algorithm(self.algorithm)
+        if self.max_per_pack is not None:
+            _positive_int("max_per_pack", self.max_per_pack)
+        for name in ("seed", "delta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.delta and self.algorithm != "balanced_greedy_knapsack":
+            raise ValueError(
+                f"delta={self.delta} only applies to algorithm='balanced_greedy_knapsack', "
+                f"not {self.algorithm!r}"
+            )
+        _choice("overlong", self.overlong, OVERLONG_POLICIES)
+        _choice("train_on", self.train_on, TRAIN_ON)
+        if not isinstance(self.mrope, bool):
+            raise ValueError(f"mrope must be True or False, got {self.mrope!r}")
+        self.vision  # validates min_pixels / max_pixels
+
+    @property
+    def vision(self) -> VisionConfig:
+        return VisionConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PackingConfig:
+        """Builds a config from a mapping (e.g. a YAML section); unknown keys raise."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown packing option(s) {', '.join(map(repr, unknown))}; valid options: "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")

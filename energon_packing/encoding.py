@@ -1,0 +1,225 @@
+"""Conversation -> token ids, loss mask and image placeholders (ChatML + Qwen2-VL vision tokens).
+
+    <|im_start|>user\\n<|vision_start|><|image_pad|> x N<|vision_end|>What is red?<|im_end|>\\n
+    <|im_start|>assistant\\nThe circle.<|im_end|>\\n
+                           ^^^^^^^^^^^^^^^^^^^^^^^ token_mask = loss weight, 0 elsewhere
+
+N = t*h*w/4 for an image of grid (t, h, w), computed from the image *header*: nothing is
+decoded here. Pure: no Energon, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from energon_packing.config import PackingConfig
+from energon_packing.tokenizer import ChatTokenizer
+from energon_packing.vision import ImageError, grid_for, probe, tokens_for
+
+ROLES = ("system", "user", "assistant")
+IMAGE_PLACEHOLDER = "<image>"
+
+
+class Skip(Exception):
+    """A conversation that is skipped, counted under ``reason`` (a skip-report key)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class OverlongError(ValueError):
+    """``overlong="error"``: a conversation does not fit the pack width."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Encoding:
+    input_ids: list[int]
+    token_mask: list[float]
+    #: indices into the document's ``images`` list, in order of appearance in the text
+    image_order: list[int] = field(default_factory=list)
+    grids: list[tuple[int, int, int]] = field(default_factory=list)
+    #: tokens removed by ``overlong="truncate"``
+    truncated: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+class _Images:
+    """Resolves image references (``<image>`` placeholders in order, or parts by name)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        self.index: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            if name in self.index:
+                raise Skip("duplicate_image", f"image {name!r} is listed twice in 'images'")
+            self.index[name] = i
+        self.used = [False] * len(self.names)
+        self.order: list[int] = []
+        self._next = 0
+
+    def take(self, name: str | None) -> int:
+        if name is None:
+            while self._next < len(self.names) and self.used[self._next]:
+                self._next += 1
+            if self._next == len(self.names):
+                raise Skip(
+                    "placeholder_mismatch",
+                    f"more image references than the {len(self.names)} image(s) in 'images'",
+                )
+            i = self._next
+        else:
+            if name not in self.index:
+                raise Skip("missing_image", f"image part {name!r} is not in the 'images' list")
+            i = self.index[name]
+            if self.used[i]:
+                raise Skip("duplicate_image", f"image {name!r} is referenced twice")
+        self.used[i] = True
+        self.order.append(i)
+        return i
+
+    def check_all_used(self) -> None:
+        unused = [n for n, u in zip(self.names, self.used) if not u]
+        if unused:
+            raise Skip(
+                "placeholder_mismatch",
+                f"{len(self.names)} image(s) listed but {len(unused)} never referenced "
+                f"({', '.join(map(repr, unused))}); add an {IMAGE_PLACEHOLDER} or an image part",
+            )
+
+
+def parse_turns(messages: Sequence[Any], images: _Images) -> list[tuple[str, list[str | int]]]:
+    """Messages -> ``[(role, pieces)]`` where a piece is text or an image index."""
+    if not messages:
+        raise Skip("empty_conversation", "'messages' is empty")
+    turns = []
+    for m, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise Skip("malformed_message", f"messages[{m}] needs 'role' and 'content'")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise Skip("unknown_role", f"messages[{m}] has role {role!r}; valid: {', '.join(ROLES)}")
+        pieces: list[str | int] = []
+        if isinstance(content, str):
+            texts = content.split(IMAGE_PLACEHOLDER)
+            for k, text in enumerate(texts):
+                if k:
+                    pieces.append(images.take(None))
+                pieces.append(text)
+        elif isinstance(content, list):
+            for p, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    pieces.append(part["text"])
+                elif kind == "image" and isinstance(part.get("image", ""), str):
+                    pieces.append(images.take(part.get("image")))
+                else:
+                    raise Skip(
+                        "malformed_message",
+                        f"messages[{m}].content[{p}] must be {{'type': 'text', 'text': str}} or "
+                        f"{{'type': 'image', 'image': name}}",
+                    )
+        else:
+            raise Skip("malformed_message", f"messages[{m}].content is {type(content).__name__}")
+        turns.append((role, pieces))
+    images.check_all_used()
+    return turns
+
+
+def encode(
+    *,
+    key: str,
+    messages: Sequence[Any],
+    image_names: Sequence[str],
+    images: Mapping[str, bytes],
+    loss_weight: float,
+    tokenizer: ChatTokenizer,
+    config: PackingConfig,
+) -> Encoding:
+    """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`."""
+    refs = _Images(image_names)
+    turns = parse_turns(messages, refs)
+    trained = [t for t, (role, _) in enumerate(turns) if role == "assistant"]
+    if not trained:
+        raise Skip("no_assistant_turn", "no message has role 'assistant', nothing to train on")
+    if config.train_on == "last_assistant":
+        trained = trained[-1:]
+    if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
+        raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
+
+    vision = config.vision
+    grids = []
+    for i in refs.order:
+        name = image_names[i]
+        if name not in images:
+            raise Skip("missing_image", f"image {name!r} is listed but the shard has no part {key}.{name}")
+        try:
+            width, height = probe(images[name])
+            grids.append(grid_for(width, height, vision))
+        except ImageError as e:
+            raise Skip(e.reason, f"image {name!r}: {e}") from None
+
+    special = tokenizer.special
+    ids: list[int] = []
+    mask: list[float] = []
+    image_ends: list[int] = []
+    newline = tokenizer.encode("\n")
+    grid_iter = iter(grids)
+
+    def emit(tokens: list[int], weight: float) -> None:
+        ids.extend(tokens)
+        mask.extend([weight] * len(tokens))
+
+    for t, (role, pieces) in enumerate(turns):
+        weight = float(loss_weight) if t in trained else 0.0
+        emit([special.im_start, *tokenizer.encode(role + "\n")], 0.0)
+        for piece in pieces:
+            if isinstance(piece, str):
+                emit(tokenizer.encode(piece), weight)
+            else:  # images are context, never trained
+                pads = [special.image_pad] * tokens_for(next(grid_iter), vision)
+                emit([special.vision_start, *pads, special.vision_end], 0.0)
+                image_ends.append(len(ids))
+        emit([special.im_end], weight)
+        emit(newline, 0.0)
+    mask[0] = 0.0  # no source predicts across a pack boundary
+    encoding = Encoding(input_ids=ids, token_mask=mask, image_order=refs.order, grids=grids)
+    return _fit(encoding, key, image_ends[-1] if image_ends else 0, config)
+
+
+def padded(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) -> Encoding:
+    """Applies the overlong policy; the packing cost is computed on the result."""
+    capacity, multiple = config.max_input_seq_length, config.pad_multiple
+    length = encoding.length
+    cost = padded(length, multiple)
+    if cost <= capacity:
+        return encoding
+    what = f"{length} tokens ({cost} padded to pad_multiple={multiple}) > max_input_seq_length={capacity}"
+    if config.overlong == "error":
+        raise OverlongError(
+            f"sample {key!r}: {what}. Set overlong='truncate' or 'drop', or raise "
+            f"max_input_seq_length"
+        )
+    if config.overlong == "drop":
+        raise Skip("overlong", what)
+    if media_end > capacity:
+        raise Skip(
+            "overlong_media",
+            f"{what}; its images end at token {media_end} and images are never cut",
+        )
+    if not any(w > 0 for w in encoding.token_mask[:capacity]):
+        raise Skip("overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing")
+    encoding.truncated = length - capacity
+    del encoding.input_ids[capacity:]
+    del encoding.token_mask[capacity:]
+    return encoding

@@ -1,0 +1,72 @@
+"""Counters and the skip report: nothing is dropped without a count, a key and a reason.
+
+Each skip reason is logged once per process (the first key and why), then only counted; the
+counts are exported as a flat ``{"packing/...": number}`` dict that a logger can take.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("energon_packing")
+
+#: Keys remembered per skip reason (the counts are exact, the key lists are samples).
+KEYS_PER_REASON = 32
+
+
+@dataclass(kw_only=True, slots=True)
+class PackingStats:
+    """What one loader process saw: samples read, skipped (by reason), packed, and the packs."""
+
+    read: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    skipped_keys: dict = field(default_factory=dict)  # reason -> [key, ...] (first few)
+    truncated: int = 0
+    truncated_tokens: int = 0
+    packs: int = 0
+    packed: int = 0
+    real_tokens: int = 0
+    pack_tokens: int = 0
+
+    def skip(self, key: str, reason: str, detail: str) -> None:
+        if not self.skipped[reason]:
+            logger.warning(
+                "skipping sample %r (%s: %s); further %r skips are counted, not logged "
+                "(PackingTaskEncoder.stats, metrics packing/skipped/%s)",
+                key, reason, detail, reason, reason,
+            )
+        self.skipped[reason] += 1
+        keys = self.skipped_keys.setdefault(reason, [])
+        if len(keys) < KEYS_PER_REASON:
+            keys.append(key)
+
+    def add_pack(self, *, sources: int, real_tokens: int, capacity: int) -> None:
+        self.packs += 1
+        self.packed += sources
+        self.real_tokens += real_tokens
+        self.pack_tokens += capacity
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens / pack tokens over every pack emitted so far."""
+        return self.real_tokens / self.pack_tokens if self.pack_tokens else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """A flat dict for a metrics logger (wandb, TensorBoard, NeMo-RL's logger)."""
+        out: dict[str, float] = {
+            "packing/read": self.read,
+            "packing/packed": self.packed,
+            "packing/skipped": sum(self.skipped.values()),
+            "packing/truncated": self.truncated,
+            "packing/truncated_tokens": self.truncated_tokens,
+            "packing/packs": self.packs,
+            "packing/real_tokens": self.real_tokens,
+            "packing/pack_tokens": self.pack_tokens,
+            "packing/efficiency": self.efficiency,
+            "packing/samples_per_pack": self.packed / self.packs if self.packs else 0.0,
+        }
+        for reason, count in sorted(self.skipped.items()):
+            out[f"packing/skipped/{reason}"] = count
+        return out

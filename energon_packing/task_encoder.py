@@ -1,0 +1,263 @@
+"""The Energon task encoder: conversations in, full-width packs out.
+
+Energon's hooks, thin; the work is in :mod:`encoding`, :mod:`algorithms` and :mod:`assemble`::
+
+    read -> encode_sample (tokens + image sizes from headers, no pixels)
+         -> select_samples_to_pack (energon_packing.algorithms.select_packs over the buffer)
+         -> pack_selected_samples (decode this pack's images, assemble one C-wide row)
+         -> batch (the contract's dict: B packs, normally 1)
+
+Use::
+
+    te = PackingTaskEncoder(max_input_seq_length=8192, pad_multiple=8)
+    ds = get_train_dataset(path, worker_config=wc, batch_size=1, packing_buffer_size=256,
+                           task_encoder=te, shuffle_buffer_size=None, max_samples_per_sequence=None)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.energon import Cooker, Sample, SkipSample, TaskEncoder, stateless
+from megatron.energon.edataclass import edataclass
+from megatron.energon.errors import FatalSampleError
+
+from energon_packing import algorithms
+from energon_packing.assemble import MRope, SourceTokens, assemble
+from energon_packing.config import PackingConfig
+from energon_packing.encoding import OverlongError, Skip, encode
+from energon_packing.samples import ConversationSample, EncodedConversation, cook_conversation
+from energon_packing.stats import PackingStats
+from energon_packing.tokenizer import ChatTokenizer
+from energon_packing.vision import ImageError, patchify
+
+logger = logging.getLogger("energon_packing")
+
+
+class PackingError(FatalSampleError):
+    """Stops the loader (Energon does not swallow it): a sample the configuration forbids."""
+
+
+@edataclass
+class PackedSample(Sample):
+    """One pack: the per-row fields of the pack contract, as tensors."""
+
+    input_ids: torch.Tensor  # int64 [C]
+    token_mask: torch.Tensor  # float32 [C]
+    position_ids: torch.Tensor  # int64 [C] or [3, C]
+    padding_mask: torch.Tensor  # bool [C]
+    cu_seqlens: torch.Tensor  # int32 [n+1]
+    cu_seqlens_padded: torch.Tensor  # int32 [n+1]
+    source_ids: list
+    pixel_values: torch.Tensor  # float32 [patches, patch_dim]
+    image_grid_thw: torch.Tensor  # int64 [n_images, 3]
+    image_source_index: torch.Tensor  # int64 [n_images]
+
+
+class PackingTaskEncoder(
+    TaskEncoder[ConversationSample, EncodedConversation, list, dict]
+):
+    """Packs multimodal conversations inside the Energon loader.
+
+    Args:
+        max_input_seq_length: Pack width C; every pack is exactly C tokens wide.
+        tokenizer: ``None`` (the bundled tokenizer), a local path, a ``tokenizers.Tokenizer``
+            or a Hugging Face tokenizer / processor. Never downloads.
+        pad_multiple: Each conversation is padded to a multiple of this.
+        algorithm: Packing algorithm (``energon_packing.algorithms.ALGORITHMS``).
+        overlong: ``"drop"``, ``"truncate"`` or ``"error"`` for conversations longer than C.
+        max_per_pack: At most this many conversations per pack.
+        **options: Any other :class:`~energon_packing.config.PackingConfig` knob.
+    """
+
+    #: Images stay compressed until their pack is emitted: no Energon-side decoding.
+    decoder = None
+    #: For crude datasets (``__class__: CrudeWebdataset`` in the dataset yaml).
+    cookers = (Cooker(cook_conversation),)
+
+    def __init__(
+        self,
+        *,
+        max_input_seq_length: int,
+        tokenizer: Any = None,
+        pad_multiple: int = 1,
+        algorithm: str = algorithms.DEFAULT_ALGORITHM,
+        overlong: str = "drop",
+        max_per_pack: int | None = None,
+        **options: Any,
+    ):
+        self.config = PackingConfig.from_dict(
+            dict(
+                max_input_seq_length=max_input_seq_length,
+                pad_multiple=pad_multiple,
+                algorithm=algorithm,
+                overlong=overlong,
+                max_per_pack=max_per_pack,
+                **options,
+            )
+        )
+        self.tokenizer = ChatTokenizer(tokenizer)
+        self.stats = PackingStats()
+        special = self.tokenizer.special
+        self._mrope = (
+            MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
+            if self.config.mrope
+            else None
+        )
+
+    @classmethod
+    def from_config(cls, config: PackingConfig | dict, *, tokenizer: Any = None) -> PackingTaskEncoder:
+        values = config.to_dict() if isinstance(config, PackingConfig) else dict(config)
+        return cls(tokenizer=tokenizer, **values)
+
+    # ---- Energon hooks ------------------------------------------------------------------
+
+    @stateless
+    def encode_sample(self, sample: ConversationSample) -> EncodedConversation:
+        key = sample.__key__
+        self.stats.read += 1
+        try:
+            if sample.problem:
+                reason, _, detail = sample.problem.partition(": ")
+                raise Skip(reason, detail)
+            subflavors = sample.__subflavors__ or {}
+            encoding = encode(
+                key=key,
+                messages=sample.messages,
+                image_names=sample.image_names,
+                images=sample.images,
+                loss_weight=sample.loss_weight * float(subflavors.get("loss_weight", 1.0)),
+                tokenizer=self.tokenizer,
+                config=self.config,
+            )
+        except Skip as e:
+            self.stats.skip(key, e.reason, e.detail)
+            raise SkipSample() from None
+        except OverlongError as e:
+            raise PackingError(str(e)) from None
+        if encoding.truncated:
+            self.stats.truncated += 1
+            self.stats.truncated_tokens += encoding.truncated
+        multiple = self.config.pad_multiple
+        return EncodedConversation.derive_from(
+            sample,
+            input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
+            token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
+            images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
+            image_grids=encoding.grids,
+            length=encoding.length,
+            cost=-(-encoding.length // multiple) * multiple,
+        )
+
+    def select_samples_to_pack(
+        self, samples: list[EncodedConversation]
+    ) -> list[list[EncodedConversation]]:
+        """Groups the buffer with :func:`energon_packing.algorithms.select_packs`; every sample
+        comes back (Energon silently drops what select does not return)."""
+        config = self.config
+        try:
+            selection = algorithms.select_packs(
+                [s.cost for s in samples],
+                config.max_input_seq_length,
+                algorithm=config.algorithm,
+                max_per_pack=config.max_per_pack,
+                seed=config.seed,
+                delta=config.delta,
+            )
+        except Exception:  # a bug must not cost a whole buffer: one pack per sample instead
+            logger.exception("select_samples_to_pack failed; emitting %d single packs", len(samples))
+            return [[s] for s in samples]
+        return [[samples[i] for i in group] for group in selection.packs]
+
+    @stateless
+    def pack_selected_samples(self, samples: list[EncodedConversation]) -> PackedSample:
+        """Decodes this pack's images (only now) and lays the conversations out C wide."""
+        config, vision = self.config, self.config.vision
+        sources, blocks = [], []
+        for sample in samples:
+            try:
+                decoded = self.decode_images(sample)
+            except ImageError as e:
+                self.stats.skip(sample.__key__, e.reason, str(e))
+                continue
+            sources.append(
+                SourceTokens(
+                    key=sample.__key__,
+                    input_ids=sample.input_ids,
+                    token_mask=sample.token_mask,
+                    grids=[grid for _, grid in decoded],
+                )
+            )
+            blocks.extend(pixels for pixels, _ in decoded)
+        if not sources:
+            raise SkipSample()
+        pack = assemble(
+            sources,
+            capacity=config.max_input_seq_length,
+            pad_multiple=config.pad_multiple,
+            pad_id=self.tokenizer.special.pad,
+            mrope=self._mrope,
+        )
+        self.stats.add_pack(
+            sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.capacity
+        )
+        pixels = (
+            np.concatenate(blocks) if blocks else np.zeros((0, vision.patch_dim), dtype=np.float32)
+        )
+        return PackedSample(
+            __key__="+".join(pack.source_ids),
+            __restore_key__=(),
+            __subflavors__=samples[0].__subflavors__,
+            __sources__=tuple(src for s in samples for src in (s.__sources__ or ())),
+            input_ids=torch.from_numpy(pack.input_ids),
+            token_mask=torch.from_numpy(pack.token_mask),
+            position_ids=torch.from_numpy(pack.position_ids),
+            padding_mask=torch.from_numpy(pack.padding_mask),
+            cu_seqlens=torch.from_numpy(pack.cu_seqlens),
+            cu_seqlens_padded=torch.from_numpy(pack.cu_seqlens_padded),
+            source_ids=pack.source_ids,
+            pixel_values=torch.from_numpy(pixels),
+            image_grid_thw=torch.from_numpy(pack.image_grid_thw),
+            image_source_index=torch.from_numpy(pack.image_source_index),
+        )
+
+    def decode_images(self, sample: EncodedConversation) -> list[tuple[np.ndarray, tuple]]:
+        """``(pixel_values, grid)`` per image of a conversation, decoded now (override to serve
+        precomputed pixels or features)."""
+        return [patchify(data, self.config.vision) for data in sample.images]
+
+    @stateless
+    def batch(self, samples: list[PackedSample | EncodedConversation]) -> dict:
+        """The contract's batch dict: ``[B, C]`` tensors plus one jagged entry per pack.
+
+        Without a packing buffer (``packing_buffer_size=None``) Energon hands over encoded
+        conversations; each becomes a one-conversation pack, i.e. an ordinary padded row.
+        """
+        samples = [
+            s if isinstance(s, PackedSample) else self.pack_selected_samples([s]) for s in samples
+        ]
+        capacity = self.config.max_input_seq_length
+        positions = torch.stack([p.position_ids for p in samples])
+        if positions.ndim == 3:  # mRoPE: [B, 3, C] -> [3, B, C]
+            positions = positions.permute(1, 0, 2).contiguous()
+        return {
+            "input_ids": torch.stack([p.input_ids for p in samples]),
+            "input_lengths": torch.full((len(samples),), capacity, dtype=torch.int32),
+            "token_mask": torch.stack([p.token_mask for p in samples]),
+            "sample_mask": torch.tensor(
+                [float(bool((p.token_mask > 0).any())) for p in samples], dtype=torch.float32
+            ),
+            "cu_seqlens": [p.cu_seqlens for p in samples],
+            "cu_seqlens_padded": [p.cu_seqlens_padded for p in samples],
+            "position_ids": positions,
+            "padding_mask": torch.stack([p.padding_mask for p in samples]),
+            "source_ids": [list(p.source_ids) for p in samples],
+            "pixel_values": [p.pixel_values for p in samples],
+            "image_grid_thw": [p.image_grid_thw for p in samples],
+            "image_source_index": [p.image_source_index for p in samples],
+            "__restore_key__": (),
+        }
+

@@ -1,0 +1,136 @@
+"""The few things encoding needs from a tokenizer, over whatever the user has.
+
+Accepted: ``None`` (the bundled byte-level BPE, ``assets/tokenizer.json``, trained by
+``tools/train_tokenizer.py`` on text this project generates), a ``tokenizers.Tokenizer``, any
+Hugging Face tokenizer or processor object (a processor's ``.tokenizer`` is used), or a local
+path (a ``tokenizer.json`` file or a directory holding one; with ``transformers`` installed a
+directory is loaded by ``AutoTokenizer`` with ``local_files_only=True``). Nothing is ever
+downloaded.
+
+Special tokens carry Qwen2-VL's names by default (ChatML plus the vision tokens).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
+
+BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SpecialIds:
+    pad: int
+    im_start: int
+    im_end: int
+    vision_start: int
+    vision_end: int
+    image_pad: int
+
+
+class ChatTokenizer:
+    """Text to ids without added special tokens, plus the ids of the chat and vision tokens.
+
+    Args:
+        tokenizer: See the module docstring.
+        pad_token: Token used for padding when the tokenizer declares no pad token.
+    """
+
+    def __init__(self, tokenizer: Any = None, *, pad_token: str = PAD_TOKEN):
+        self.name, self._inner = _resolve(tokenizer)
+        self._is_hf = not _is_tokenizers_object(self._inner)
+        pad = getattr(self._inner, "pad_token_id", None) if self._is_hf else None
+        self.special = SpecialIds(
+            pad=pad if isinstance(pad, int) else self.id_of(pad_token),
+            im_start=self.id_of(IM_START),
+            im_end=self.id_of(IM_END),
+            vision_start=self.id_of(VISION_START),
+            vision_end=self.id_of(VISION_END),
+            image_pad=self.id_of(IMAGE_PAD),
+        )
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer({self.name})"
+
+    @property
+    def vocab_size(self) -> int:
+        if self._is_hf:
+            return len(self._inner)
+        return self._inner.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._is_hf:
+            return list(self._inner.encode(text, add_special_tokens=False))
+        return self._inner.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self._is_hf:
+            return self._inner.decode(ids)
+        return self._inner.decode(ids, skip_special_tokens=False)
+
+    def id_of(self, token: str) -> int:
+        if self._is_hf:
+            found = self._inner.get_vocab().get(token)
+        else:
+            found = self._inner.token_to_id(token)
+        if found is None:
+            raise ValueError(
+                f"tokenizer {self.name} has no token {token!r}; the chat template needs "
+                f"{', '.join(SPECIAL_TOKENS[1:])} (Qwen2-VL's names): add them as special tokens "
+                f"or pass a Qwen2-VL tokenizer"
+            )
+        return found
+
+    def __getstate__(self) -> dict:
+        return {"name": self.name, "inner": self._inner, "is_hf": self._is_hf, "special": self.special}
+
+    def __setstate__(self, state: dict) -> None:
+        self.name, self._inner = state["name"], state["inner"]
+        self._is_hf, self.special = state["is_hf"], state["special"]
+
+
+def _is_tokenizers_object(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "tokenizers"
+
+
+def _resolve(tokenizer: Any) -> tuple[str, Any]:
+    from tokenizers import Tokenizer
+
+    if tokenizer is None:
+        return "bundled", Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = Path(tokenizer)
+        if path.is_file():
+            return str(path), Tokenizer.from_file(str(path))
+        if not path.is_dir():
+            raise ValueError(f"tokenizer path {str(path)!r} does not exist (no downloads are made)")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            if not (path / "tokenizer.json").is_file():
+                raise ValueError(
+                    f"{path} has no tokenizer.json; install transformers to load other formats"
+                ) from None
+            return str(path), Tokenizer.from_file(str(path / "tokenizer.json"))
+        return str(path), AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    inner = getattr(tokenizer, "tokenizer", None)  # a processor wraps its tokenizer
+    if inner is not None and not _is_tokenizers_object(tokenizer):
+        tokenizer = inner
+    if _is_tokenizers_object(tokenizer) or hasattr(tokenizer, "get_vocab"):
+        return type(tokenizer).__name__, tokenizer
+    raise TypeError(
+        f"tokenizer must be None, a path, a tokenizers.Tokenizer or a Hugging Face "
+        f"tokenizer/processor, got {type(tokenizer).__name__}"
+    )

@@ -1,0 +1,160 @@
+"""Images the Qwen2-VL way: smart resize, 14-px patches, temporal patch 2, 2x2 token merge.
+
+Two halves, on purpose:
+
+* :func:`probe` and :func:`grid_for` cost an image from its *header* alone (PIL opens lazily),
+  so a conversation waiting in the packing buffer holds its compressed bytes, not pixels;
+* :func:`patchify` decodes, and runs only for the pack being emitted.
+
+``patchify`` is bit-equal to ``transformers``' ``Qwen2VLImageProcessorPil`` (a test checks it):
+RGB with alpha composited on white, PIL bicubic resize, ``float64 * 1/255 -> float32``,
+``(x - mean) / std`` in float32, then the merge-ordered patch layout.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+
+
+class ImageError(ValueError):
+    """An image that cannot be costed or decoded; ``reason`` is a skip-report key."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VisionConfig:
+    """The image processor's knobs (Qwen2-VL's names and defaults).
+
+    Attributes:
+        min_pixels: Images are upscaled to at least this many pixels.
+        max_pixels: ... and downscaled to at most this many.
+        patch_size: Side of a vision patch in pixels.
+        merge_size: Patches merged per side into one LLM token (2x2 -> 1).
+        temporal_patch_size: A still image is repeated this many times in time.
+    """
+
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})"
+            )
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch row of ``pixel_values``: 3 * T * P * P (1176 for Qwen2-VL)."""
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+
+def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, int]:
+    """Qwen2-VL's target size: both sides multiples of ``factor`` (28), pixels within
+    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible."""
+    factor = config.factor
+    if max(height, width) / min(height, width) > 200:
+        raise ImageError(
+            "image_aspect_ratio",
+            f"image of {width}x{height} px has an aspect ratio above 200, which Qwen2-VL rejects",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > config.max_pixels:
+        beta = math.sqrt((height * width) / config.max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < config.min_pixels:
+        beta = math.sqrt(config.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def probe(data: bytes) -> tuple[int, int]:
+    """``(width, height)`` from the image header, without decoding pixels."""
+    if not data:
+        raise ImageError("corrupt_image", "image file is empty (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError as e:
+        raise ImageError("image_too_large", f"image refused by PIL's size guard: {e}") from None
+    except Exception as e:  # PIL raises several types for bad headers
+        raise ImageError("corrupt_image", f"image header unreadable ({type(e).__name__}: {e})") from None
+    if width < 1 or height < 1:
+        raise ImageError("corrupt_image", f"image has zero size ({width}x{height} px)")
+    return width, height
+
+
+def grid_for(width: int, height: int, config: VisionConfig) -> tuple[int, int, int]:
+    """``(t, h, w)`` in patches for an image of this size: ``image_grid_thw``'s row."""
+    resized_h, resized_w = smart_resize(height, width, config)
+    return 1, resized_h // config.patch_size, resized_w // config.patch_size
+
+
+def tokens_for(grid: tuple[int, int, int], config: VisionConfig) -> int:
+    """Image-pad tokens an image takes in the text: ``t * h * w / merge_size**2``."""
+    t, h, w = grid
+    return t * h * w // (config.merge_size**2)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def patchify(data: bytes, config: VisionConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Decodes one image into ``pixel_values [h*w, patch_dim]`` (float32) and its grid.
+
+    Row order follows the 2x2 merge: the four patches of one LLM token are consecutive.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            image = _to_rgb(opened)
+    except Exception as e:
+        raise ImageError("corrupt_image", f"image does not decode ({type(e).__name__}: {e})") from None
+    width, height = image.size
+    resized_h, resized_w = smart_resize(height, width, config)
+    image = image.resize((resized_w, resized_h), resample=Image.Resampling.BICUBIC)
+    pixels = np.asarray(image).astype(np.float64) * (1 / 255)
+    pixels = pixels.astype(np.float32)
+    mean = np.array(OPENAI_CLIP_MEAN, dtype=np.float32)
+    std = np.array(OPENAI_CLIP_STD, dtype=np.float32)
+    pixels = ((pixels - mean) / std).transpose(2, 0, 1)  # (C, H, W)
+
+    patch, merge, temporal = config.patch_size, config.merge_size, config.temporal_patch_size
+    grid_h, grid_w = resized_h // patch, resized_w // patch
+    patches = pixels.reshape(3, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
+    patches = patches.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh, gw, mh, mw, C, ph, pw)
+    patches = np.broadcast_to(
+        patches[:, :, :, :, :, None], (*patches.shape[:5], temporal, patch, patch)
+    )
+    flat = np.ascontiguousarray(patches.reshape(grid_h * grid_w, config.patch_dim))
+    return flat, (1, grid_h, grid_w)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Energon's first buffer fill shows a tqdm bar; keep test output readable.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+@pytest.fixture(scope="session")
+def synth_dataset(tmp_path_factory):
+    """120 generated conversations (0-3 images, both content styles) in 3 shards, prepared."""
+    from energon_packing.synth import conversations
+    from helpers import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("synth"), conversations(120, seed=7), per_shard=40)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from energon_packing.tokenizer import ChatTokenizer
+
+    return ChatTokenizer()

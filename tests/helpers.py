@@ -1,0 +1,103 @@
+"""Shared test helpers: build prepared datasets, run the real Energon loader."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+from energon_packing.contract import check_pack
+from energon_packing.prepare import prepare_dataset
+from energon_packing.synth import Conversation, write_shards
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_DATA = REPO / "sample_data"
+
+
+def make_dataset(
+    path: Path, items: Iterable[Conversation], *, per_shard: int = 40, raw: Iterable[dict] = ()
+) -> Path:
+    """Writes shards (plus ``raw`` hand-made samples: {"__key__", part: bytes}) and prepares."""
+    items = list(items)
+    write_shards(path / "shards", items, per_shard=per_shard)
+    raw = list(raw)
+    if raw:
+        import webdataset as wds
+
+        with wds.TarWriter(str(path / "shards" / "raw-00000.tar")) as writer:
+            for sample in raw:
+                writer.write(sample)
+    prepare_dataset(path, split_parts=["train:shards/.*"])
+    return path
+
+
+def raw_sample(key: str, document, images: dict[str, bytes] | None = None) -> dict:
+    """A shard sample from a document (dict, or str/bytes for malformed JSON)."""
+    if isinstance(document, dict):
+        document = json.dumps(document)
+    if isinstance(document, str):
+        document = document.encode()
+    return {"__key__": key, "json": document, **(images or {})}
+
+
+def loader_batches(
+    path: Path,
+    task_encoder,
+    *,
+    buffer: int | None = 16,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    batch_size: int = 1,
+    dataset_config: str = "dataset.yaml",
+    savable: bool = False,
+):
+    """(loader, dataset) over one finite epoch of the train split."""
+    from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset
+
+    worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
+    dataset = get_train_dataset(
+        path,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        packing_buffer_size=buffer,
+        task_encoder=task_encoder,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        repeat=False,
+        dataset_config=dataset_config,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        loader = (get_savable_loader if savable else get_loader)(dataset)
+    return loader
+
+
+def check_batch(batch: dict, task_encoder) -> None:
+    """Every invariant of the pack contract, for every pack of a batch."""
+    config = task_encoder.config
+    capacity = config.max_input_seq_length
+    assert batch["input_ids"].shape == (len(batch["source_ids"]), capacity)
+    assert batch["input_lengths"].tolist() == [capacity] * len(batch["source_ids"])
+    for row in range(len(batch["source_ids"])):
+        check_pack(
+            input_ids=batch["input_ids"][row].numpy(),
+            token_mask=batch["token_mask"][row].numpy(),
+            cu_seqlens=batch["cu_seqlens"][row].numpy(),
+            cu_seqlens_padded=batch["cu_seqlens_padded"][row].numpy(),
+            source_ids=batch["source_ids"][row],
+            padding_mask=batch["padding_mask"][row].numpy(),
+            image_grid_thw=batch["image_grid_thw"][row].numpy(),
+            image_source_index=batch["image_source_index"][row].numpy(),
+            pad_multiple=config.pad_multiple,
+            image_pad_id=task_encoder.tokenizer.special.image_pad,
+        )
+        grids = batch["image_grid_thw"][row]
+        assert batch["pixel_values"][row].shape == (int(grids.prod(dim=1).sum()), 1176)
+        assert batch["sample_mask"][row].item() == float(bool((batch["token_mask"][row] > 0).any()))
+
+
+def quiet_energon() -> None:
+    logging.getLogger("megatron.energon").setLevel(logging.ERROR)

@@ -1,0 +1,120 @@
+"""PackingConfig: validation, unknown keys, and proof that every knob changes behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import pytest
+from megatron.energon import SkipSample
+from PIL import Image
+
+from energon_packing import PackingConfig, PackingTaskEncoder
+from energon_packing.samples import ConversationSample, load_conversation
+from energon_packing.synth import conversations
+
+
+def test_unknown_keys_raise_and_list_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown packing option\(s\) 'buffer'; valid options: .*pad_multiple"):
+        PackingConfig.from_dict({"max_input_seq_length": 1024, "buffer": 3})
+    with pytest.raises(ValueError, match="unknown packing option"):
+        PackingTaskEncoder(max_input_seq_length=1024, pad_multple=8)
+
+
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        (dict(max_input_seq_length=1000, pad_multiple=16),
+         r"max_input_seq_length=1000 is not a multiple of pad_multiple=16.*Use max_input_seq_length=992"),
+        (dict(max_input_seq_length=0), "max_input_seq_length must be a positive integer, got 0"),
+        (dict(max_input_seq_length=64, overlong="cut"), "overlong='cut' is not valid; choose one of drop, truncate, error"),
+        (dict(max_input_seq_length=64, algorithm="nope"), "unknown packing algorithm 'nope'"),
+        (dict(max_input_seq_length=64, delta=2), "delta=2 only applies to algorithm='balanced_greedy_knapsack'"),
+        (dict(max_input_seq_length=64, train_on="all"), "train_on='all' is not valid"),
+        (dict(max_input_seq_length=64, min_pixels=10**6, max_pixels=10), "min_pixels .* must not exceed max_pixels"),
+        (dict(max_input_seq_length=64, max_per_pack=0), "max_per_pack must be a positive integer"),
+    ],
+)
+def test_validation_names_the_knob(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        PackingConfig(**knobs)
+
+
+def test_round_trip():
+    config = PackingConfig(max_input_seq_length=4096, pad_multiple=8, overlong="truncate")
+    assert PackingConfig.from_dict(config.to_dict()) == config
+
+
+def _png(width, height):
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 90, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _samples():
+    """Generated conversations plus a long one, a tiny-image one and a big-image one."""
+    docs = [(c.key, c.document, c.images) for c in conversations(16, seed=11)]
+    docs.append(("long", {"messages": [{"role": "user", "content": "Talk."},
+                                       {"role": "assistant", "content": "Bread needs time. " * 1000}]}, {}))
+    docs.append(("tiny", {"messages": [{"role": "user", "content": "<image>What?"},
+                                       {"role": "assistant", "content": "Blue."},
+                                       {"role": "user", "content": "Sure?"},
+                                       {"role": "assistant", "content": "Yes."}],
+                          "images": ["a.png"]}, {"a.png": _png(30, 30)}))
+    docs.append(("big", {"messages": [{"role": "user", "content": "<image>What?"},
+                                      {"role": "assistant", "content": "Blue."}],
+                         "images": ["a.png"]}, {"a.png": _png(1400, 1000)}))
+    out = []
+    for key, doc, images in docs:
+        fields = load_conversation({"json": json.dumps(doc).encode(), **images})
+        out.append(ConversationSample(__key__=key, __restore_key__=(), **fields))
+    return out
+
+
+SAMPLES = _samples()
+
+
+def observe(**knobs):
+    """Everything a knob could change: costs, masks, groups, and the assembled packs."""
+    knobs.setdefault("max_input_seq_length", 2048)
+    te = PackingTaskEncoder(**knobs)
+    encoded = []
+    for sample in SAMPLES:
+        try:
+            encoded.append(te.encode_sample(sample))
+        except SkipSample:
+            pass
+    groups = te.select_samples_to_pack(encoded)
+    packs = [te.pack_selected_samples(group) for group in groups]
+    return (
+        [(e.__key__, e.cost, e.token_mask.tolist(), e.image_grids) for e in encoded],
+        [[s.__key__ for s in g] for g in groups],
+        [(p.input_ids.shape, p.position_ids.shape, p.cu_seqlens_padded.tolist()) for p in packs],
+    )
+
+
+# knob -> (baseline knobs, changed knobs)
+KNOB_CASES = {
+    "max_input_seq_length": ({}, {"max_input_seq_length": 4096}),
+    "pad_multiple": ({}, {"pad_multiple": 64}),
+    "algorithm": ({}, {"algorithm": "concatenative"}),
+    "max_per_pack": ({}, {"max_per_pack": 2}),
+    "seed": ({"algorithm": "first_fit_shuffle"}, {"algorithm": "first_fit_shuffle", "seed": 1}),
+    "delta": ({"algorithm": "balanced_greedy_knapsack"}, {"algorithm": "balanced_greedy_knapsack", "delta": 2}),
+    "overlong": ({}, {"overlong": "truncate"}),
+    "train_on": ({}, {"train_on": "last_assistant"}),
+    "mrope": ({}, {"mrope": True}),
+    "min_pixels": ({}, {"min_pixels": 112 * 112}),
+    "max_pixels": ({}, {"max_pixels": 448 * 448}),
+}
+
+
+def test_every_knob_has_a_behaviour_case():
+    assert {f.name for f in dataclasses.fields(PackingConfig)} == set(KNOB_CASES)
+
+
+@pytest.mark.parametrize("knob", sorted(KNOB_CASES))
+def test_every_knob_changes_behaviour(knob):
+    base, changed = KNOB_CASES[knob]
+    assert observe(**base) != observe(**changed), f"{knob} was accepted but changed nothing"
