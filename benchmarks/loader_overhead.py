@@ -4,7 +4,7 @@ Through the real Energon loader (``num_workers=0``: the worker's work in this pr
 generated conversations (0-3 images each):
 
 1. conversations/s with packing (buffer 256) vs the same encoder without packing
-   (``packing_buffer_size=None``, one conversation per row), same data, same epoch;
+   (``packing_buffer_size=None``: ordinary padded rows, one conversation each), same data;
 2. peak RSS at buffer 1024: ours (images stay compressed in the buffer, decoded for the emitted
    pack only) vs an encoder that decodes pixels in ``encode_sample`` (up front) vs unpacked.
    Each mode runs in its own process so the peaks do not mix.
@@ -75,7 +75,7 @@ def run(path: Path, mode: str, buffer: int | None, max_pixels: int) -> dict:
     rows = conversations = 0
     for batch in get_loader(dataset):
         rows += 1
-        conversations += len(batch["source_ids"][0])
+        conversations += sum(len(keys) for keys in batch["source_ids"])
     elapsed = time.perf_counter() - start
     return {
         "mode": mode,

@@ -234,11 +234,12 @@ class PackingTaskEncoder(
         """The contract's batch dict: ``[B, C]`` tensors plus one jagged entry per pack.
 
         Without a packing buffer (``packing_buffer_size=None``) Energon hands over encoded
-        conversations; each becomes a one-conversation pack, i.e. an ordinary padded row.
+        conversations; they become an ordinary padded batch instead (``[B, S]`` rows, real
+        ``input_lengths``, no boundary keys): what trainer-side packing and a no-packing
+        baseline consume.
         """
-        samples = [
-            s if isinstance(s, PackedSample) else self.pack_selected_samples([s]) for s in samples
-        ]
+        if not isinstance(samples[0], PackedSample):
+            return self._batch_rows(samples)
         capacity = self.config.max_input_seq_length
         positions = torch.stack([p.position_ids for p in samples])
         if positions.ndim == 3:  # mRoPE: [B, 3, C] -> [3, B, C]
@@ -261,3 +262,45 @@ class PackingTaskEncoder(
             "__restore_key__": (),
         }
 
+    def _batch_rows(self, samples: list[EncodedConversation]) -> dict:
+        config, multiple = self.config, self.config.pad_multiple
+        kept, decoded = [], []
+        for sample in samples:
+            try:
+                decoded.append(self.decode_images(sample))
+                kept.append(sample)
+            except ImageError as e:
+                self.stats.skip(sample.__key__, e.reason, str(e))
+        if not kept:
+            raise SkipSample()
+        width = -(-max(s.length for s in kept) // multiple) * multiple
+        rows = [
+            assemble(
+                [SourceTokens(key=s.__key__, input_ids=s.input_ids, token_mask=s.token_mask,
+                              grids=[grid for _, grid in images])],
+                capacity=width, pad_multiple=multiple, pad_id=self.tokenizer.special.pad,
+                mrope=self._mrope,
+            )
+            for s, images in zip(kept, decoded)
+        ]
+        positions = torch.stack([torch.from_numpy(r.position_ids) for r in rows])
+        if positions.ndim == 3:
+            positions = positions.permute(1, 0, 2).contiguous()
+        empty = np.zeros((0, config.vision.patch_dim), dtype=np.float32)
+        return {
+            "input_ids": torch.stack([torch.from_numpy(r.input_ids) for r in rows]),
+            "input_lengths": torch.tensor([s.length for s in kept], dtype=torch.int32),
+            "token_mask": torch.stack([torch.from_numpy(r.token_mask) for r in rows]),
+            "sample_mask": torch.tensor(
+                [float(bool((r.token_mask > 0).any())) for r in rows], dtype=torch.float32
+            ),
+            "position_ids": positions,
+            "padding_mask": torch.stack([torch.from_numpy(r.padding_mask) for r in rows]),
+            "source_ids": [[s.__key__] for s in kept],
+            "pixel_values": [
+                torch.from_numpy(np.concatenate([p for p, _ in images]) if images else empty)
+                for images in decoded
+            ],
+            "image_grid_thw": [torch.from_numpy(r.image_grid_thw) for r in rows],
+            "__restore_key__": (),
+        }

@@ -176,12 +176,23 @@ def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch
     assert len(decoded) == len(batch["image_grid_thw"][0])
 
 
-def test_without_packing_each_conversation_is_its_own_row(synth_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=8192)
-    batches = list(itertools.islice(loader_batches(synth_dataset, te, buffer=None), 5))
+def test_without_packing_batches_are_ordinary_padded_rows(synth_dataset):
+    te = PackingTaskEncoder(max_input_seq_length=8192, pad_multiple=8)
+    batches = list(loader_batches(synth_dataset, te, buffer=None, batch_size=4))
+    assert sum(len(b["source_ids"]) for b in batches) == 120
     for batch in batches:
-        check_batch(batch, te)
-        assert len(batch["source_ids"][0]) == 1
+        assert "cu_seqlens" not in batch and "cu_seqlens_padded" not in batch
+        rows, width = batch["input_ids"].shape
+        lengths = batch["input_lengths"]
+        assert width % 8 == 0 and width == -(-int(lengths.max()) // 8) * 8
+        assert [len(keys) for keys in batch["source_ids"]] == [1] * rows
+        for r in range(rows):
+            n = int(lengths[r])
+            assert not batch["padding_mask"][r, :n].any() and batch["padding_mask"][r, n:].all()
+            assert (batch["token_mask"][r, n:] == 0).all() and batch["token_mask"][r, 0] == 0
+            assert batch["position_ids"][r, :n].tolist() == list(range(n))
+            grids = batch["image_grid_thw"][r]
+            assert batch["pixel_values"][r].shape[0] == int(grids.prod(dim=1).sum())
 
 
 def test_crude_route_gives_the_same_packs(synth_dataset):

@@ -1,0 +1,31 @@
+"""Child process of the context-parallel equivalence test (gloo, loopback, 2 ranks)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def run(rank: int, world_size: int, port: int, inputs_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    from energon_packing.model import TinyConfig, TinyVLM
+    from energon_packing.trainer import cp_indices, microbatches
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        payload = torch.load(inputs_path, weights_only=False)
+        model = TinyVLM(TinyConfig(**payload["config"]), seed=payload["seed"], dtype=torch.float64).eval()
+        results = []
+        with torch.no_grad():
+            for batch in payload["batches"]:
+                (mb,) = microbatches(batch, cp_size=world_size, cp_rank=rank,
+                                     pad_multiple=payload["pad_multiple"],
+                                     image_token_id=payload["image_token_id"])
+                logits = model(**mb.model_inputs)[0]
+                keep = cp_indices(mb.cu_seqlens_padded, world_size, rank)
+                results.append((keep, logits))
+        torch.save(results, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
