@@ -7,7 +7,10 @@ Energon or torch are imported on first use, so ``import energon_packing.algorith
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+logging.getLogger("energon_packing").addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from energon_packing.algorithms import check_algorithm
+from energon_packing.carry import DEFAULT_BUDGET, DEFAULT_MAX_CARRIES, DEFAULT_MIN_FILL, CarryPolicy
 from energon_packing.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
@@ -39,6 +40,17 @@ class PackingConfig:
         mrope: Emit Qwen2-VL 3-row (t, h, w) ``position_ids`` instead of 1-row.
         min_pixels: Images are upscaled to at least this many pixels (Qwen2-VL's knob).
         max_pixels: Images are downscaled to at most this many pixels.
+        carry: Keep the samples of under-full packs in the loader's buffer for the next select
+            (Energon empties it every round); packs near the lower bound from small buffers.
+        max_carries: With carry, a sample is carried at most this many times, so it leaves at
+            most ``max_carries + 1`` selects (``(max_carries + 1) * buffer`` samples) late.
+        carry_min_fill: With carry, packs at least this full (fraction of C) always leave.
+        carry_budget: With carry, at most this fraction of the buffer stays behind per round.
+        balance_window: Keep a pool of this many selected packs and emit, at each step, the
+            one nearest to a target cost quantile that every rank derives from ``seed``, so
+            data-parallel ranks get packs of similar attention cost at each step; 0 = off.
+            The pool sits beside the packing buffer (its samples stay compressed): larger
+            pools balance better (see benchmarks/carry_loader.py) and cost memory.
     """
 
     max_input_seq_length: int
@@ -52,6 +64,11 @@ class PackingConfig:
     mrope: bool = False
     min_pixels: int = DEFAULT_MIN_PIXELS
     max_pixels: int = DEFAULT_MAX_PIXELS
+    carry: bool = False
+    max_carries: int = DEFAULT_MAX_CARRIES
+    carry_min_fill: float = DEFAULT_MIN_FILL
+    carry_budget: float = DEFAULT_BUDGET
+    balance_window: int = 0
 
     def __post_init__(self) -> None:
         capacity = self.max_input_seq_length
@@ -78,13 +95,29 @@ class PackingConfig:
             )
         _choice("overlong", self.overlong, OVERLONG_POLICIES)
         _choice("train_on", self.train_on, TRAIN_ON)
-        if not isinstance(self.mrope, bool):
-            raise ValueError(f"mrope must be True or False, got {self.mrope!r}")
+        for name in ("mrope", "carry"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.balance_window, bool) or not isinstance(self.balance_window, int) or (
+            self.balance_window < 0
+        ):
+            raise ValueError(f"balance_window must be an integer >= 0, got {self.balance_window!r}")
         self.vision  # validates min_pixels / max_pixels
+        self._policy()  # validates the carry knobs even while carry is off
 
     @property
     def vision(self) -> VisionConfig:
         return VisionConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+
+    def _policy(self) -> CarryPolicy:
+        return CarryPolicy(
+            max_carries=self.max_carries, min_fill=self.carry_min_fill, budget=self.carry_budget
+        )
+
+    @property
+    def carry_policy(self) -> CarryPolicy | None:
+        """The carry policy, or None when carry is off (Energon's behaviour)."""
+        return self._policy() if self.carry else None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> PackingConfig:

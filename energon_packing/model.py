@@ -105,36 +105,34 @@ def _segments(params: Any) -> list[tuple[int, int, int]]:
 
 
 def _varlen_attention(q, k, v, params) -> torch.Tensor:
-    """Causal attention inside each source; with CP, K/V of all ranks are all-gathered."""
+    """Causal attention inside each source, as one masked call; with CP, K/V of all ranks are
+    all-gathered and every query keeps its global position."""
     if q.shape[0] != 1:
         raise ValueError("packed rows come one per microbatch (batch dimension 1)")
     cp_size = params.local_cp_size or 1
     padded = params.cu_seqlens_q_padded
     if cp_size > 1:
         group = params.cp_group
-        rank = torch.distributed.get_rank(group)
-        local = cp_indices(padded, cp_size, rank)
-        keys_pos = torch.cat([cp_indices(padded, cp_size, r) for r in range(cp_size)])
+        local = cp_indices(padded, cp_size, torch.distributed.get_rank(group))
+        owners = torch.cat([cp_indices(padded, cp_size, r) for r in range(cp_size)])
         gathered_k = [torch.empty_like(k) for _ in range(cp_size)]
         gathered_v = [torch.empty_like(v) for _ in range(cp_size)]
         torch.distributed.all_gather(gathered_k, k.contiguous(), group=group)
         torch.distributed.all_gather(gathered_v, v.contiguous(), group=group)
-        order = torch.argsort(keys_pos)
+        order = torch.argsort(owners)
         k = torch.cat(gathered_k, dim=2)[:, :, order]
         v = torch.cat(gathered_v, dim=2)[:, :, order]
     else:
         local = torch.arange(q.shape[2])
-    out = torch.zeros_like(q)
-    for start, valid, extent in _segments(params):
-        rows = torch.nonzero((local >= start) & (local < start + extent)).flatten()
-        query_pos = local[rows] - start  # position inside the source
-        key_pos = torch.arange(extent)
-        allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < valid)
-        seg_k, seg_v = k[:, :, start : start + extent], v[:, :, start : start + extent]
-        out[:, :, rows] = F.scaled_dot_product_attention(
-            q[:, :, rows], seg_k, seg_v, attn_mask=allowed[None, None]
-        )
-    return out
+    total = int(padded[-1])
+    source = torch.empty(total, dtype=torch.long)
+    valid_key = torch.zeros(total, dtype=torch.bool)
+    for index, (start, valid, extent) in enumerate(_segments(params)):
+        source[start : start + extent] = index
+        valid_key[start : start + valid] = True
+    keys = torch.arange(total)
+    allowed = (source[local][:, None] == source[None, :]) & (keys[None, :] <= local[:, None]) & valid_key
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None])
 
 
 class Block(nn.Module):

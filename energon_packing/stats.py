@@ -29,6 +29,9 @@ class PackingStats:
     packed: int = 0
     real_tokens: int = 0
     pack_tokens: int = 0
+    carry_events: int = 0  # times a sample went back into the buffer
+    carried_emitted: int = 0  # samples that left after waiting >= 1 extra round
+    held_rounds_max: int = 0  # the longest wait, in select rounds
 
     def skip(self, key: str, reason: str, detail: str) -> None:
         if not self.skipped[reason]:
@@ -47,6 +50,13 @@ class PackingStats:
         self.packed += sources
         self.real_tokens += real_tokens
         self.pack_tokens += capacity
+
+    def add_carry(self, *, carried: int, emitted_counts: list[int]) -> None:
+        """One carry round: how many samples stayed, and the carry counts of those that left."""
+        self.carry_events += carried
+        waited = [c for c in emitted_counts if c]
+        self.carried_emitted += len(waited)
+        self.held_rounds_max = max([self.held_rounds_max, *waited])
 
     @property
     def efficiency(self) -> float:
@@ -67,6 +77,10 @@ class PackingStats:
             "packing/efficiency": self.efficiency,
             "packing/samples_per_pack": self.packed / self.packs if self.packs else 0.0,
         }
+        if self.carry_events:
+            out["packing/carry/events"] = self.carry_events
+            out["packing/carry/emitted_after_wait"] = self.carried_emitted
+            out["packing/carry/held_rounds_max"] = self.held_rounds_max
         for reason, count in sorted(self.skipped.items()):
             out[f"packing/skipped/{reason}"] = count
         return out

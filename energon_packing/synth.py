@@ -355,3 +355,32 @@ def corpus(n: int, *, seed: int) -> Iterator[str]:
             if isinstance(content, list):
                 content = " ".join(part.get("text", "") for part in content)
             yield content
+
+
+def _overhead(tokenizer) -> int:
+    """Tokens of a sized conversation around its answer words (ChatML headers and ends)."""
+    from energon_packing.config import PackingConfig
+    from energon_packing.encoding import encode
+
+    probe = encode(key="probe", messages=_sized_messages(1), image_names=[], images={},
+                   loss_weight=1.0, tokenizer=tokenizer,
+                   config=PackingConfig(max_input_seq_length=1 << 20))
+    return probe.length - 1
+
+
+def _sized_messages(words: int) -> list[dict]:
+    # " the" is one token of the bundled tokenizer; the pre-tokenizer never merges across words
+    return [{"role": "user", "content": "Go."}, {"role": "assistant", "content": " the" * words}]
+
+
+def sized_conversations(lengths, *, prefix: str = "sized", tokenizer=None) -> Iterator[Conversation]:
+    """Text-only conversations of exactly these token lengths (bundled tokenizer), for
+    benchmarks that need a length mix through the real loader."""
+    from energon_packing.tokenizer import ChatTokenizer
+
+    overhead = _overhead(tokenizer or ChatTokenizer())
+    for index, length in enumerate(lengths):
+        if length <= overhead:
+            raise ValueError(f"length {length} is below the {overhead + 1}-token minimum")
+        yield Conversation(key=f"{prefix}{index:07d}",
+                           document={"messages": _sized_messages(length - overhead)}, images={})

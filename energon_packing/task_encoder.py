@@ -27,9 +27,12 @@ from megatron.energon.errors import FatalSampleError
 
 from energon_packing import algorithms
 from energon_packing.assemble import MRope, SourceTokens, assemble
+from energon_packing.balance import attention_cost
+from energon_packing.carry import Selection
 from energon_packing.config import PackingConfig
 from energon_packing.encoding import OverlongError, Skip, encode
 from energon_packing.samples import ConversationSample, EncodedConversation, cook_conversation
+from energon_packing.stage import CarryPackingDataset, native_pushback
 from energon_packing.stats import PackingStats
 from energon_packing.tokenizer import ChatTokenizer
 from energon_packing.vision import ImageError, patchify
@@ -101,6 +104,8 @@ class PackingTaskEncoder(
         )
         self.tokenizer = ChatTokenizer(tokenizer)
         self.stats = PackingStats()
+        self._buffer_size: int | None = None  # set by build_batch
+        self._native_counts: dict = {}  # carry counts on Energon's native pushback route
         special = self.tokenizer.special
         self._mrope = (
             MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
@@ -152,12 +157,37 @@ class PackingTaskEncoder(
             cost=-(-encoding.length // multiple) * multiple,
         )
 
-    def select_samples_to_pack(
-        self, samples: list[EncodedConversation]
-    ) -> list[list[EncodedConversation]]:
+    def select_samples_to_pack(self, samples: list[EncodedConversation]) -> Any:
         """Groups the buffer with :func:`energon_packing.algorithms.select_packs`; every sample
-        comes back (Energon silently drops what select does not return)."""
+        comes back (Energon silently drops what select does not return).
+
+        This is Energon's own stage (carry off). With carry on, this hook serves only an Energon
+        that supports pushback natively; otherwise :meth:`select_with_carry` runs in
+        :class:`~energon_packing.stage.CarryPackingDataset`.
+        """
+        output = native_pushback() if self.config.carry else None
+        if output is None:
+            return [[samples[i] for i in g] for g in self._select(samples, None, False).packs]
+        keys = [repr(s.__restore_key__) for s in samples]
+        counts = [self._native_counts.pop(k, 0) for k in keys]
+        final = self._buffer_size is None or len(samples) < self._buffer_size
+        selection = self._select(samples, counts, final)
+        for i in selection.carried:
+            self._native_counts[keys[i]] = counts[i] + 1
+        return output(
+            packs=[[samples[i] for i in g] for g in selection.packs],
+            pushback=[samples[i] for i in selection.carried],
+        )
+
+    def select_with_carry(
+        self, samples: list[EncodedConversation], counts: list[int], final: bool
+    ) -> Selection:
+        """The carry stage's select: same algorithm, same code path as ``pack_stream``."""
+        return self._select(samples, counts, final)
+
+    def _select(self, samples: list, counts: list[int] | None, final: bool) -> Selection:
         config = self.config
+        carry = config.carry_policy if counts is not None else None
         try:
             selection = algorithms.select_packs(
                 [s.cost for s in samples],
@@ -166,11 +196,55 @@ class PackingTaskEncoder(
                 max_per_pack=config.max_per_pack,
                 seed=config.seed,
                 delta=config.delta,
+                carry=carry,
+                carry_counts=counts,
+                buffer_size=self._buffer_size,
+                final=final,
             )
         except Exception:  # a bug must not cost a whole buffer: one pack per sample instead
-            logger.exception("select_samples_to_pack failed; emitting %d single packs", len(samples))
-            return [[s] for s in samples]
-        return [[samples[i] for i in group] for group in selection.packs]
+            logger.exception("select failed; emitting %d single packs", len(samples))
+            return Selection(packs=[[i] for i in range(len(samples))])
+        if carry is not None:
+            emitted = [counts[i] for group in selection.packs for i in group]
+            self.stats.add_carry(carried=len(selection.carried), emitted_counts=emitted)
+        return selection
+
+    def pack_cost(self, samples: list[EncodedConversation]) -> int:
+        """Attention cost of a group (sum of squared lengths), for balanced emission."""
+        return attention_cost([s.length for s in samples])
+
+    def build_batch(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        worker_config: Any,
+    ) -> Any:
+        """Energon's packing stage, or ours when carry or balanced emission is on."""
+        self._buffer_size = packing_buffer_size
+        config = self.config
+        own_stage = config.balance_window or (config.carry and native_pushback() is None)
+        if packing_buffer_size is None or not own_stage:
+            return super().build_batch(
+                dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
+                packing_buffer_size=packing_buffer_size, worker_config=worker_config,
+            )
+        stage = CarryPackingDataset(
+            dataset,
+            packing_buffer_size,
+            selector=self.select_with_carry,
+            final_packer=self.pack_selected_samples,
+            pack_cost=self.pack_cost,
+            balance_window=config.balance_window,
+            balance_seed=config.seed,
+            worker_config=worker_config,
+        )
+        return super().build_batch(
+            stage, batch_size=batch_size, batch_drop_last=batch_drop_last,
+            packing_buffer_size=None, worker_config=worker_config,
+        )
 
     @stateless
     def pack_selected_samples(self, samples: list[EncodedConversation]) -> PackedSample:

@@ -143,6 +143,7 @@ class Microbatch:
     source_ids: list
     rows: tuple  # the batch rows this microbatch holds
     length: int  # tokens per row before CP (MICRO_BATCH_LENGTHS)
+    real_tokens: int  # tokens that belong to a conversation (no padding, no tail)
     cu_seqlens: torch.Tensor | None = None
     cu_seqlens_padded: torch.Tensor | None = None
     pad_between_seqs: bool = False
@@ -239,6 +240,7 @@ def _finish(
     return Microbatch(
         model_inputs=inputs, labels=labels.unsqueeze(0), loss_mask=loss_mask.unsqueeze(0),
         source_ids=source_ids, rows=rows, length=int(cu_padded[-1]) if cu_padded is not None else len(labels),
+        real_tokens=int(cu[-1]) if cu is not None else len(labels),
         cu_seqlens=cu, cu_seqlens_padded=cu_padded,
         pad_between_seqs=params is not None and pad_between_seqs(params),
     )
@@ -401,6 +403,7 @@ def _padded_rows(batch, image_token_id: int | None) -> Microbatch:
         loss_mask=torch.roll(batch["token_mask"], -1, dims=-1),
         source_ids=[k for keys in batch.get("source_ids", []) for k in keys],
         rows=tuple(range(ids.shape[0])), length=ids.shape[1],
+        real_tokens=int(torch.as_tensor(batch["input_lengths"]).sum()),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 
 import pytest
@@ -76,7 +77,8 @@ SAMPLES = _samples()
 
 
 def observe(**knobs):
-    """Everything a knob could change: costs, masks, groups, and the assembled packs."""
+    """Everything a knob could change: costs, masks, groups (a full buffer, with carry its
+    carry decision too), and the assembled packs."""
     knobs.setdefault("max_input_seq_length", 2048)
     te = PackingTaskEncoder(**knobs)
     encoded = []
@@ -85,16 +87,32 @@ def observe(**knobs):
             encoded.append(te.encode_sample(sample))
         except SkipSample:
             pass
-    groups = te.select_samples_to_pack(encoded)
+    if te.config.carry:
+        te._buffer_size = len(encoded)
+        selection = te.select_with_carry(encoded, [1] * len(encoded), False)
+        groups = [[encoded[i] for i in g] for g in selection.packs]
+        carried = sorted(encoded[i].__key__ for i in selection.carried)
+    else:
+        groups, carried = te.select_samples_to_pack(encoded), []
     packs = [te.pack_selected_samples(group) for group in groups]
     return (
         [(e.__key__, e.cost, e.token_mask.tolist(), e.image_grids) for e in encoded],
         [[s.__key__ for s in g] for g in groups],
+        carried,
         [(p.input_ids.shape, p.position_ids.shape, p.cu_seqlens_padded.tolist()) for p in packs],
     )
 
 
-# knob -> (baseline knobs, changed knobs)
+def observe_loader(**knobs):
+    """The packs, in emission order, of the real loader over the sample data."""
+    from helpers import SAMPLE_DATA, loader_batches
+
+    te = PackingTaskEncoder(max_input_seq_length=2048, **knobs)
+    return [b["source_ids"][0] for b in itertools.islice(loader_batches(SAMPLE_DATA, te, buffer=32), 24)]
+
+
+CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
+# knob -> (baseline knobs, changed knobs[, observer])
 KNOB_CASES = {
     "max_input_seq_length": ({}, {"max_input_seq_length": 4096}),
     "pad_multiple": ({}, {"pad_multiple": 64}),
@@ -107,6 +125,11 @@ KNOB_CASES = {
     "mrope": ({}, {"mrope": True}),
     "min_pixels": ({}, {"min_pixels": 112 * 112}),
     "max_pixels": ({}, {"max_pixels": 448 * 448}),
+    "carry": ({}, CARRY),
+    "max_carries": (CARRY, {**CARRY, "max_carries": 1}),
+    "carry_min_fill": (CARRY, {**CARRY, "carry_min_fill": 0.5}),
+    "carry_budget": (CARRY, {**CARRY, "carry_budget": 0.1}),
+    "balance_window": ({}, {"balance_window": 4}, observe_loader),
 }
 
 
@@ -116,5 +139,6 @@ def test_every_knob_has_a_behaviour_case():
 
 @pytest.mark.parametrize("knob", sorted(KNOB_CASES))
 def test_every_knob_changes_behaviour(knob):
-    base, changed = KNOB_CASES[knob]
-    assert observe(**base) != observe(**changed), f"{knob} was accepted but changed nothing"
+    base, changed, *observer = KNOB_CASES[knob]
+    run = observer[0] if observer else observe
+    assert run(**base) != run(**changed), f"{knob} was accepted but changed nothing"

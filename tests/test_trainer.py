@@ -149,6 +149,7 @@ def test_context_parallel_slices_a_prepacked_pack():
     ],
 )
 def test_validation_names_key_numbers_and_sources(mutate, message):
+    validate_prepacked(design_note_pack(), pad_multiple=4)
     batch = design_note_pack()
     mutate(batch)
     with pytest.raises(PackContractError, match=message) as info:
