@@ -1,0 +1,213 @@
+"""Numbers a person reads: packing tables per algorithm and buffer, loader vs trainer path.
+
+``measure_costs`` reads a prepared dataset through Energon and the encoder (token ids and
+image sizes from headers: no pixel is decoded); everything else is pure arithmetic on the
+measured costs, so the same numbers come out of the CLI, the tests and the library.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from energon_packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, lower_bound, pack, pack_stream
+
+TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
+
+
+@dataclass(kw_only=True, slots=True)
+class Measured:
+    """The costs of a split, in the order the loader reads it (one worker, no shuffle)."""
+
+    keys: list[str]
+    costs: list[int]  # padded lengths: what the packer packs
+    lengths: list[int]  # real tokens
+    skipped: dict[str, int]
+    capacity: int
+
+
+@dataclass(kw_only=True, slots=True)
+class Row:
+    algorithm: str
+    mode: str  # "chunk" (Energon 7.4.1), "carry", or "offline"
+    buffer: int | None
+    packs: int
+    bound: int
+    real_tokens: int
+    capacity: int
+
+    @property
+    def overhead(self) -> float:
+        """Packs over the lower bound, as a fraction."""
+        return self.packs / self.bound - 1 if self.bound else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        return self.real_tokens / (self.packs * self.capacity) if self.packs else 0.0
+
+
+def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True) -> Measured:
+    """Encodes every conversation of the train split once (no pixels decoded) and records its
+    packing cost, with the loader's read order."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    dataset = get_train_dataset(
+        path, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None,
+        packing_buffer_size=None, task_encoder=task_encoder, shuffle_buffer_size=None,
+        max_samples_per_sequence=None, repeat=False,
+    )
+    keys, costs, lengths = [], [], []
+    samples: Iterable = get_loader(dataset)
+    if progress:
+        from tqdm import tqdm
+
+        samples = tqdm(samples, total=_split_size(dataset), desc="measuring", unit=" conv",
+                       disable=None if os.environ.get("TQDM_DISABLE") is None else True)
+    for sample in samples:
+        keys.append(sample.__key__)
+        costs.append(sample.cost)
+        lengths.append(sample.length)
+    return Measured(keys=keys, costs=costs, lengths=lengths, skipped=dict(task_encoder.stats.skipped),
+                    capacity=task_encoder.config.max_input_seq_length)
+
+
+def _split_size(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except Exception:  # some Energon wrappers do not know their length
+        return None
+
+
+def packing_table(
+    measured: Measured,
+    *,
+    algorithms: Sequence[str] = ALGORITHMS,
+    buffers: Sequence[int] = (64, 256, 1024),
+    modes: Sequence[str] = ("chunk", "carry"),
+    offline: bool = True,
+    **knobs: Any,
+) -> list[Row]:
+    """Packs of ``pack_stream`` per algorithm x mode x buffer (and one offline call each)."""
+    capacity, costs = measured.capacity, measured.costs
+    bound = lower_bound(costs, capacity)
+    real = sum(measured.lengths)
+    rows = []
+    for algorithm in algorithms:
+        for mode in modes:
+            for buffer in buffers:
+                packs = sum(1 for _ in pack_stream(costs, capacity, buffer_size=buffer,
+                                                   algorithm=algorithm, carry=mode == "carry", **knobs))
+                rows.append(Row(algorithm=algorithm, mode=mode, buffer=buffer, packs=packs,
+                                bound=bound, real_tokens=real, capacity=capacity))
+        if offline:
+            rows.append(Row(algorithm=algorithm, mode="offline", buffer=None,
+                            packs=len(pack(costs, capacity, algorithm=algorithm, **knobs)),
+                            bound=bound, real_tokens=real, capacity=capacity))
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """Rows = algorithms, columns = mode x buffer: packs over the bound and efficiency."""
+    columns = sorted({(r.mode, r.buffer) for r in rows},
+                     key=lambda c: (["chunk", "carry", "offline"].index(c[0]), c[1] or 0))
+    width = 17
+    head = f"{'algorithm':<31}" + "".join(
+        f"{(f'{mode} N={buffer}' if buffer else mode):>{width}}" for mode, buffer in columns
+    )
+    lines = [head, "-" * len(head)]
+    for algorithm in dict.fromkeys(r.algorithm for r in rows):
+        cells = []
+        for mode, buffer in columns:
+            row = next((r for r in rows if (r.algorithm, r.mode, r.buffer) == (algorithm, mode, buffer)), None)
+            cells.append(f"{f'{100 * row.overhead:+.1f}% {100 * row.efficiency:.1f}%':>{width}}" if row
+                         else " " * width)
+        marker = " *" if algorithm == DEFAULT_ALGORITHM else ""
+        lines.append(f"{algorithm + marker:<31}" + "".join(cells))
+    lines.append("cells: packs over the lower bound / efficiency (real tokens / packs x C); "
+                 "chunk = Energon 7.4.1, * = default")
+    return "\n".join(lines)
+
+
+def recommend(rows: Sequence[Row]) -> str:
+    """The smallest buffer at which the default with carry is within 0.5 % of the bound."""
+    ours = sorted((r for r in rows if r.algorithm == DEFAULT_ALGORITHM and r.mode == "carry"),
+                  key=lambda r: r.buffer)
+    peer = [r for r in rows if r.mode == "chunk" and r.algorithm != DEFAULT_ALGORITHM]
+    if not ours:
+        return "no carry rows measured"
+    pick_row = next((r for r in ours if r.overhead <= 0.005), ours[-1])
+    text = (f"recommended: algorithm={DEFAULT_ALGORITHM!r}, carry=True, packing_buffer_size="
+            f"{pick_row.buffer}: {100 * pick_row.overhead:+.2f}% over the lower bound, "
+            f"{100 * pick_row.efficiency:.1f}% efficient")
+    same = [r for r in peer if r.buffer == pick_row.buffer]
+    if same:
+        best_peer = min(same, key=lambda r: r.packs)
+        text += (f" (best peer at the same buffer, Energon chunking: {best_peer.algorithm} "
+                 f"{100 * best_peer.overhead:+.2f}%, {best_peer.packs - pick_row.packs:+d} packs)")
+    return text
+
+
+@dataclass(kw_only=True, slots=True)
+class PathCost:
+    name: str
+    microbatches: int
+    computed_tokens: int  # tokens the model runs over, padding included
+    real_tokens: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+
+def loader_vs_trainer(
+    measured: Measured,
+    *,
+    loader_packs: int,
+    batch_size: int,
+    algorithm: str = TRAINER_DEFAULT,
+    pad_multiple: int = 1,
+) -> list[PathCost]:
+    """The same conversations three ways: loader packs (each C wide), trainer-side packs of
+    every batch of ``batch_size`` conversations (as wide as each bin needs, NeMo-RL's path),
+    and padded batches (every row as wide as the batch's longest)."""
+    capacity, lengths = measured.capacity, measured.lengths
+    padded = [-(-n // pad_multiple) * pad_multiple for n in lengths]
+    real = sum(lengths)
+    trainer_bins = trainer_tokens = padded_tokens = padded_steps = 0
+    for start in range(0, len(padded), batch_size):
+        chunk = padded[start : start + batch_size]
+        bins = pack(chunk, capacity, algorithm=algorithm)
+        trainer_bins += len(bins)
+        trainer_tokens += sum(sum(chunk[i] for i in b) for b in bins)
+        padded_steps += 1
+        padded_tokens += len(chunk) * max(chunk)
+    return [
+        PathCost(name="loader packs", microbatches=loader_packs, computed_tokens=loader_packs * capacity,
+                 real_tokens=real),
+        PathCost(name=f"trainer packs (batch {batch_size}, {algorithm})", microbatches=trainer_bins,
+                 computed_tokens=trainer_tokens, real_tokens=real),
+        PathCost(name=f"padded batches (batch {batch_size})", microbatches=padded_steps,
+                 computed_tokens=padded_tokens, real_tokens=real),
+    ]
+
+
+def format_paths(paths: Sequence[PathCost]) -> str:
+    width = max(len(p.name) for p in paths) + 2
+    lines = [f"{'path':<{width}}{'microbatches':>13}{'tokens computed':>17}{'efficiency':>12}"]
+    for p in paths:
+        lines.append(f"{p.name:<{width}}{p.microbatches:>13}{p.computed_tokens:>17,}{100 * p.efficiency:>11.1f}%")
+    return "\n".join(lines)
+
+
+def format_skipped(skipped: dict[str, int], keys: dict[str, list[str]] | None = None) -> str:
+    if not skipped:
+        return "skipped: none"
+    parts = []
+    for reason, count in sorted(skipped.items()):
+        example = f" (e.g. {keys[reason][0]})" if keys and keys.get(reason) else ""
+        parts.append(f"{reason}: {count}{example}")
+    return "skipped: " + ", ".join(parts)
+
