@@ -74,8 +74,9 @@ def prepare_dataset(
     args = [
         sys.executable, "-c", "from megatron.energon.cli.main import main; main()",
         "prepare", str(path), "--non-interactive", "--skip-dataset-yaml", "--force-overwrite",
-        "--no-progress", "--num-workers", str(num_workers), "--media-metadata-by-extension",
-    ]
+        "--no-progress", "--num-workers", str(num_workers),
+    ]  # no --media-metadata-*: we read image sizes ourselves, and it fails whole shards that
+    #    hold one corrupt image ("has no samples")
     for part in split_parts:
         args += ["--split-parts", part]
     result = subprocess.run(args, capture_output=True, text=True)

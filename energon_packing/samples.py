@@ -69,6 +69,8 @@ def _problem(reason: str, detail: str) -> dict[str, Any]:
 
 def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
     """Shard sample (raw bytes by part name) -> ``ConversationSample`` fields; never raises."""
+    if raw.get("__corrupt__"):  # marked by energon_packing.tolerant: the tar bytes were unreadable
+        return _problem("corrupt_shard", raw["__corrupt__"])
     images = {name: data for name, data in raw.items() if IMAGE_PART.match(name)}
     data = raw.get("json")
     if data is None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from megatron.energon import Cooker, Sample, SkipSample, TaskEncoder, stateless
+from megatron.energon import Cooker, Sample, SkipSample, TaskEncoder, WorkerConfig, stateless
 from megatron.energon.edataclass import edataclass
 from megatron.energon.errors import FatalSampleError
 
@@ -35,9 +35,14 @@ from energon_packing.samples import ConversationSample, EncodedConversation, coo
 from energon_packing.stage import CarryPackingDataset, native_pushback
 from energon_packing.stats import PackingStats
 from energon_packing.tokenizer import ChatTokenizer
+from energon_packing.tolerant import make_tolerant
 from energon_packing.vision import ImageError, patchify
 
 logger = logging.getLogger("energon_packing")
+
+
+#: Unexpected errors in a row (a bug, not bad data) after which the loader stops.
+MAX_CONSECUTIVE_ERRORS = 100
 
 
 class PackingError(FatalSampleError):
@@ -105,6 +110,7 @@ class PackingTaskEncoder(
         self.tokenizer = ChatTokenizer(tokenizer)
         self.stats = PackingStats()
         self._buffer_size: int | None = None  # set by build_batch
+        self._errors_in_a_row = 0
         self._native_counts: dict = {}  # carry counts on Energon's native pushback route
         special = self.tokenizer.special
         self._mrope = (
@@ -143,6 +149,10 @@ class PackingTaskEncoder(
             raise SkipSample() from None
         except OverlongError as e:
             raise PackingError(str(e)) from None
+        except Exception as e:  # a bug or data no check foresaw: count it, never dump per sample
+            self._unexpected(key, "encode_error", e)
+            raise SkipSample() from None
+        self._errors_in_a_row = 0
         if encoding.truncated:
             self.stats.truncated += 1
             self.stats.truncated_tokens += encoding.truncated
@@ -213,6 +223,17 @@ class PackingTaskEncoder(
         """Attention cost of a group (sum of squared lengths), for balanced emission."""
         return attention_cost([s.length for s in samples])
 
+    def build_train_datasets(self, **kwargs: Any) -> Any:
+        """Energon's pipeline, with every shard reader made tolerant (:mod:`.tolerant`)."""
+        dataset = super().build_train_datasets(**kwargs)
+        make_tolerant(dataset)
+        return dataset
+
+    def build_val_datasets(self, **kwargs: Any) -> Any:
+        dataset = super().build_val_datasets(**kwargs)
+        make_tolerant(dataset)
+        return dataset
+
     def build_batch(
         self,
         dataset: Any,
@@ -268,13 +289,18 @@ class PackingTaskEncoder(
             blocks.extend(pixels for pixels, _ in decoded)
         if not sources:
             raise SkipSample()
-        pack = assemble(
-            sources,
-            capacity=config.max_input_seq_length,
-            pad_multiple=config.pad_multiple,
-            pad_id=self.tokenizer.special.pad,
-            mrope=self._mrope,
-        )
+        try:
+            pack = assemble(
+                sources,
+                capacity=config.max_input_seq_length,
+                pad_multiple=config.pad_multiple,
+                pad_id=self.tokenizer.special.pad,
+                mrope=self._mrope,
+            )
+        except Exception as e:  # report every member rather than let Energon drop the pack
+            for source in sources:
+                self._unexpected(source.key, "pack_error", e)
+            raise SkipSample() from None
         self.stats.add_pack(
             sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.capacity
         )
@@ -298,6 +324,25 @@ class PackingTaskEncoder(
             image_source_index=torch.from_numpy(pack.image_source_index),
         )
 
+    def _unexpected(self, key: str, reason: str, error: Exception) -> None:
+        self.stats.skip(key, reason, f"{type(error).__name__}: {error}")
+        self._errors_in_a_row += 1
+        if self._errors_in_a_row >= MAX_CONSECUTIVE_ERRORS:
+            raise PackingError(
+                f"{self._errors_in_a_row} samples in a row failed unexpectedly (last {key!r}: "
+                f"{type(error).__name__}: {error}); this looks like a bug or a broken dataset, "
+                f"not bad samples"
+            ) from error
+
+    def _attach_accounting(self, batch: dict) -> dict:
+        """Puts this worker's numbers and the skips since its last batch into the batch, so
+        they reach the trainer process whatever ``num_workers`` is."""
+        active = WorkerConfig.active_worker_config
+        self.stats.worker = active.rank_worker_id() if active is not None else 0
+        batch["packing_metrics"] = self.stats.metrics()
+        batch["packing_skipped"] = self.stats.drain()
+        return batch
+
     def decode_images(self, sample: EncodedConversation) -> list[tuple[np.ndarray, tuple]]:
         """``(pixel_values, grid)`` per image of a conversation, decoded now (override to serve
         precomputed pixels or features)."""
@@ -313,12 +358,12 @@ class PackingTaskEncoder(
         baseline consume.
         """
         if not isinstance(samples[0], PackedSample):
-            return self._batch_rows(samples)
+            return self._attach_accounting(self._batch_rows(samples))
         capacity = self.config.max_input_seq_length
         positions = torch.stack([p.position_ids for p in samples])
         if positions.ndim == 3:  # mRoPE: [B, 3, C] -> [3, B, C]
             positions = positions.permute(1, 0, 2).contiguous()
-        return {
+        return self._attach_accounting({
             "input_ids": torch.stack([p.input_ids for p in samples]),
             "input_lengths": torch.full((len(samples),), capacity, dtype=torch.int32),
             "token_mask": torch.stack([p.token_mask for p in samples]),
@@ -334,7 +379,7 @@ class PackingTaskEncoder(
             "image_grid_thw": [p.image_grid_thw for p in samples],
             "image_source_index": [p.image_source_index for p in samples],
             "__restore_key__": (),
-        }
+        })
 
     def _batch_rows(self, samples: list[EncodedConversation]) -> dict:
         config, multiple = self.config, self.config.pad_multiple

@@ -43,7 +43,7 @@ MICRO_BATCH_LENGTHS = "MICRO_BATCH_LENGTHS"
 BOOKKEEPING_KEYS = frozenset({
     "cu_seqlens", "cu_seqlens_padded", "source_ids", "input_lengths", "token_mask",
     "sample_mask", "padding_mask", "image_source_index", "__restore_key__", "__key__",
-    MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS,
+    "packing_metrics", "packing_skipped", MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS,
 })
 
 
@@ -405,6 +405,67 @@ def _padded_rows(batch, image_token_id: int | None) -> Microbatch:
         rows=tuple(range(ids.shape[0])), length=ids.shape[1],
         real_tokens=int(torch.as_tensor(batch["input_lengths"]).sum()),
     )
+
+
+FILLER_KEY = "__filler__"
+
+
+def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict:
+    """A prepacked batch of one all-padding pack (nothing trained): what a data-parallel rank
+    that ran out of data runs while the others finish, so collectives stay in step."""
+    padding = torch.ones(1, capacity, dtype=torch.bool)
+    padding[0, 0] = False
+    positions = torch.arange(capacity).unsqueeze(0)
+    return {
+        "input_ids": torch.full((1, capacity), pad_id, dtype=torch.int64),
+        "input_lengths": torch.tensor([capacity], dtype=torch.int32),
+        "token_mask": torch.zeros(1, capacity, dtype=torch.float32),
+        "sample_mask": torch.zeros(1, dtype=torch.float32),
+        "cu_seqlens": [torch.tensor([0, 1], dtype=torch.int32)],
+        "cu_seqlens_padded": [torch.tensor([0, capacity], dtype=torch.int32)],
+        "position_ids": positions.expand(3, 1, capacity).clone() if mrope else positions,
+        "padding_mask": padding,
+        "source_ids": [[FILLER_KEY]],
+    }
+
+
+def align_ranks(batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None):
+    """Yields a rank's batches until *every* data-parallel rank is out of data; a rank that is
+    out early yields :func:`filler_batch` meanwhile. Ranks pack their own data, so their pack
+    counts differ by a few per epoch; without this the longer rank waits forever in its next
+    collective. One ``all_reduce`` of one int per step."""
+    import torch.distributed as dist
+
+    source = iter(batches)
+    while True:
+        batch = next(source, None)
+        more = torch.tensor([0 if batch is None else 1])
+        dist.all_reduce(more, op=dist.ReduceOp.MAX, group=group)
+        if not more.item():
+            return
+        yield batch if batch is not None else filler_batch(capacity, pad_id=pad_id, mrope=mrope)
+
+
+def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any = None) -> None:
+    """Raises :class:`PackContractError` on every rank if data-parallel ranks disagree on the
+    number or the widths of this step's microbatches: a clear error, not a hung collective."""
+    import torch.distributed as dist
+
+    widths = [int(mb.model_inputs["input_ids"].shape[-1]) for mb in batch_microbatches]
+    mine = torch.tensor([len(widths), sum(widths), max(widths, default=0)], dtype=torch.int64)
+    low, high = mine.clone(), mine.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(low, high):
+        keys = [key for mb in batch_microbatches for key in mb.source_ids][:4]
+        raise PackContractError(
+            f"{MICRO_BATCH_LENGTHS}: data-parallel ranks disagree at this step: rank "
+            f"{dist.get_rank(group)} has {len(widths)} microbatches, {sum(widths)} tokens (max width "
+            f"{max(widths, default=0)}); across ranks (count, tokens, max width) ranges from "
+            f"{low.tolist()} to {high.tolist()}. Loader packs are one per microbatch and C wide: "
+            f"check that every rank uses the same batch_size and max_input_seq_length "
+            f"(source_ids={keys})"
+        )
 
 
 def token_loss(logits: torch.Tensor, microbatch: Microbatch) -> tuple[torch.Tensor, int]:

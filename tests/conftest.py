@@ -8,6 +8,14 @@ import pytest
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_loader_workers():
+    yield
+    from helpers import stop_workers
+
+    stop_workers()
+
+
 @pytest.fixture(scope="session")
 def synth_dataset(tmp_path_factory):
     """120 generated conversations (0-3 images, both content styles) in 3 shards, prepared."""
