@@ -35,6 +35,7 @@ from mixes import MIXES, generate  # noqa: E402
 from energon_packing import PackingTaskEncoder  # noqa: E402
 from energon_packing.algorithms import lower_bound  # noqa: E402
 from energon_packing.balance import attention_cost, imbalance  # noqa: E402
+from energon_packing.loading import epoch  # noqa: E402
 from energon_packing.prepare import prepare_dataset  # noqa: E402
 from energon_packing.synth import sized_conversations, write_shards  # noqa: E402
 
@@ -48,17 +49,11 @@ def build(path: Path, lengths: list[int]) -> Path:
 
 
 def run_loader(path: Path, capacity: int, buffer: int, *, rank: int = 0, world_size: int = 1, **knobs):
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
-
     te = PackingTaskEncoder(max_input_seq_length=capacity, **knobs)
-    dataset = get_train_dataset(
-        path, worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=0),
-        batch_size=1, packing_buffer_size=buffer, task_encoder=te, shuffle_buffer_size=None,
-        max_samples_per_sequence=None, repeat=False,
-    )
+    loader = epoch(path, te, packing_buffer_size=buffer, rank=rank, world_size=world_size)
     start = time.perf_counter()
     costs, conversations = [], 0
-    for batch in get_loader(dataset):
+    for batch in loader:
         cu = batch["cu_seqlens"][0]
         costs.append(attention_cost((cu[1:] - cu[:-1]).tolist()))
         conversations += len(batch["source_ids"][0])

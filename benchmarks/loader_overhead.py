@@ -58,22 +58,13 @@ def make_encoder(mode: str, max_pixels: int):
 
 
 def run(path: Path, mode: str, buffer: int | None, max_pixels: int) -> dict:
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+    from energon_packing.loading import epoch
 
     te = make_encoder(mode, max_pixels)
-    dataset = get_train_dataset(
-        path,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=1,
-        packing_buffer_size=buffer,
-        task_encoder=te,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        repeat=False,
-    )
+    loader = epoch(path, te, packing_buffer_size=buffer)
     start = time.perf_counter()
     rows = conversations = 0
-    for batch in get_loader(dataset):
+    for batch in loader:
         rows += 1
         conversations += sum(len(keys) for keys in batch["source_ids"])
     elapsed = time.perf_counter() - start

@@ -51,17 +51,11 @@ def prepare(
     path: Path | str, task_encoder: Any, *, steps: int, buffer: int
 ) -> tuple[list[list[Microbatch]], list[list[Microbatch]], list[list[Microbatch]]]:
     """Microbatches of every step for the three paths, over the same conversation groups."""
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+    from energon_packing.loading import epoch
 
-    def dataset(**kwargs):
-        return get_train_dataset(
-            path, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-            task_encoder=task_encoder, shuffle_buffer_size=None, max_samples_per_sequence=None,
-            repeat=False, **kwargs,
-        )
-
-    packs = list(itertools.islice(get_loader(dataset(batch_size=1, packing_buffer_size=buffer)), steps))
-    encoded = {s.__key__: s for s in get_loader(dataset(batch_size=None, packing_buffer_size=None))}
+    packs = list(itertools.islice(epoch(path, task_encoder, packing_buffer_size=buffer), steps))
+    unpacked = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
+    encoded = {s.__key__: s for s in unpacked}
     image = task_encoder.tokenizer.special.image_pad
     capacity, multiple = task_encoder.config.max_input_seq_length, task_encoder.config.pad_multiple
     loader, trainer, padded = [], [], []

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from energon_packing import __version__
+from energon_packing.loading import epoch
 
 REPO_SAMPLE_DATA = Path(__file__).resolve().parents[1] / "sample_data"
 
@@ -35,17 +36,6 @@ def _data_option(required: bool = False):
         default=None if required else (REPO_SAMPLE_DATA if REPO_SAMPLE_DATA.exists() else None),
         show_default="the bundled sample_data", help="A prepared Energon dataset.",
     )
-
-
-def _loader(path: Path, te, *, buffer: int | None, batch_size: int | None = 1):
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
-
-    dataset = get_train_dataset(
-        path, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=batch_size,
-        packing_buffer_size=buffer, task_encoder=te, shuffle_buffer_size=None,
-        max_samples_per_sequence=None, repeat=False,
-    )
-    return get_loader(dataset)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,7 +67,7 @@ def demo(data: Path | None, capacity: int, buffer: int, trainer_batch: int, pict
     knobs = dict(max_input_seq_length=capacity, pad_multiple=8, carry=True)
     te = PackingTaskEncoder(**knobs)
     start = time.perf_counter()
-    batches = list(_loader(data, te, buffer=buffer))
+    batches = list(epoch(data, te, packing_buffer_size=buffer))
     seconds = time.perf_counter() - start
     stats = te.stats
     measured = measure_costs(data, PackingTaskEncoder(**knobs), progress=False)
@@ -160,7 +150,7 @@ def preview(path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer,
     from energon_packing.picture import describe, draw, layout
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, carry=carry)
-    batches = list(itertools.islice(_loader(path, te, buffer=buffer), count))
+    batches = list(itertools.islice(epoch(path, te, packing_buffer_size=buffer), count))
     layouts = [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
     click.echo(describe(layouts))
     draw(layouts, picture, title=f"{path.name}: first {len(layouts)} packs (C={capacity})")

@@ -52,19 +52,14 @@ class Row:
 def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True) -> Measured:
     """Encodes every conversation of the train split once (no pixels decoded) and records its
     packing cost, with the loader's read order."""
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+    from energon_packing.loading import epoch
 
-    dataset = get_train_dataset(
-        path, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None,
-        packing_buffer_size=None, task_encoder=task_encoder, shuffle_buffer_size=None,
-        max_samples_per_sequence=None, repeat=False,
-    )
     keys, costs, lengths = [], [], []
-    samples: Iterable = get_loader(dataset)
+    samples: Iterable = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
     if progress:
         from tqdm import tqdm
 
-        samples = tqdm(samples, total=_split_size(dataset), desc="measuring", unit=" conv",
+        samples = tqdm(samples, total=_split_size(samples), desc="measuring", unit=" conv",
                        disable=None if os.environ.get("TQDM_DISABLE") is None else True)
     for sample in samples:
         keys.append(sample.__key__)

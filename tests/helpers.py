@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 from energon_packing.contract import check_pack
+from energon_packing.loading import epoch
 from energon_packing.prepare import prepare_dataset
 from energon_packing.synth import Conversation, write_shards
 
@@ -53,25 +53,10 @@ def loader_batches(
     dataset_config: str = "dataset.yaml",
     savable: bool = False,
 ):
-    """(loader, dataset) over one finite epoch of the train split."""
-    from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset
-
-    worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
-    dataset = get_train_dataset(
-        path,
-        worker_config=worker_config,
-        batch_size=batch_size,
-        packing_buffer_size=buffer,
-        task_encoder=task_encoder,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        repeat=False,
-        dataset_config=dataset_config,
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")
-        loader = (get_savable_loader if savable else get_loader)(dataset)
-    return loader
+    """The real Energon loader over one finite epoch of the train split."""
+    return epoch(path, task_encoder, packing_buffer_size=buffer, batch_size=batch_size,
+                 num_workers=workers, rank=rank, world_size=world_size,
+                 dataset_config=dataset_config, savable=savable)
 
 
 def check_batch(batch: dict, task_encoder) -> None:
