@@ -48,7 +48,9 @@ def build(path: Path, lengths: list[int]) -> Path:
     return path
 
 
-def run_loader(path: Path, capacity: int, buffer: int, *, rank: int = 0, world_size: int = 1, **knobs):
+def run_loader(
+    path: Path, capacity: int, buffer: int, *, rank: int = 0, world_size: int = 1, **knobs
+):
     te = PackingTaskEncoder(max_input_seq_length=capacity, **knobs)
     loader = epoch(path, te, packing_buffer_size=buffer, rank=rank, world_size=world_size)
     start = time.perf_counter()
@@ -62,8 +64,12 @@ def run_loader(path: Path, capacity: int, buffer: int, *, rank: int = 0, world_s
 
 def quality(args, tmp: Path) -> None:
     print("1. Packs over the lower bound (%) and loader conversations/s, through the real loader")
-    print(f"   {args.samples} conversations per mix, num_workers=0, batch_size=1, algorithm subset_fill\n")
-    head = f"   {'mix':<9}{'C':>6}" + "".join(f"{f'N={b} chunk':>15}{'carry':>9}" for b in (64, 256, 1024))
+    print(
+        f"   {args.samples} conversations per mix, num_workers=0, batch_size=1, algorithm subset_fill\n"
+    )
+    head = f"   {'mix':<9}{'C':>6}" + "".join(
+        f"{f'N={b} chunk':>15}{'carry':>9}" for b in (64, 256, 1024)
+    )
     print(head + f"{'conv/s chunk':>14}{'carry':>8}")
     worst = {64: 0.0, 256: 0.0, 1024: 0.0}
     speed = {"chunk": [], "carry": []}
@@ -83,45 +89,76 @@ def quality(args, tmp: Path) -> None:
                         worst[buffer] = max(worst[buffer], over)
             for mode in rates:
                 speed[mode].append(sum(rates[mode]) / len(rates[mode]))
-            print(f"   {mix:<9}{capacity:>6}" + "".join(cells)
-                  + f"{speed['chunk'][-1]:>14.0f}{speed['carry'][-1]:>8.0f}", flush=True)
+            print(
+                f"   {mix:<9}{capacity:>6}"
+                + "".join(cells)
+                + f"{speed['chunk'][-1]:>14.0f}{speed['carry'][-1]:>8.0f}",
+                flush=True,
+            )
     ratio = sum(speed["carry"]) / sum(speed["chunk"])
-    print(f"\n   carry worst mix: N=64 {worst[64]:+.2f} % (target <= +2 %), N=256 {worst[256]:+.2f} % "
-          f"(target <= +0.3 %), N=1024 {worst[1024]:+.2f} %")
+    print(
+        f"\n   carry worst mix: N=64 {worst[64]:+.2f} % (target <= +2 %), N=256 {worst[256]:+.2f} % "
+        f"(target <= +0.3 %), N=1024 {worst[1024]:+.2f} %"
+    )
     print(f"   carry / chunk throughput = {ratio:.3f} (target >= 0.95)\n")
 
 
 def balance(args, tmp: Path) -> None:
     ranks, capacity, buffer = 8, args.capacities[0], 256
-    print(f"2. Cost balance across {ranks} data-parallel ranks (C={capacity}, buffer {buffer}, carry on):")
+    print(
+        f"2. Cost balance across {ranks} data-parallel ranks (C={capacity}, buffer {buffer}, carry on):"
+    )
     print("   mean over steps of max/mean attention cost (sum of squared lengths) across ranks\n")
     windows = args.windows
-    print(f"   {'mix':<9}{'random':>8}{'as selected':>13}" + "".join(f"{f'W={w}':>9}" for w in windows)
-          + "   packs per rank (W=0 / largest W)")
+    print(
+        f"   {'mix':<9}{'random':>8}{'as selected':>13}"
+        + "".join(f"{f'W={w}':>9}" for w in windows)
+        + "   packs per rank (W=0 / largest W)"
+    )
     for mix in MIXES:
-        lengths = [max(MIN_LENGTH, n) for n in generate(mix, ranks * args.per_rank, capacity, seed=1)]
+        lengths = [
+            max(MIN_LENGTH, n) for n in generate(mix, ranks * args.per_rank, capacity, seed=1)
+        ]
         path = build(tmp / f"balance-{mix}", lengths)
         row, counts = [], {}
         for window in (0, *windows):
-            per_rank = [run_loader(path, capacity, buffer, rank=r, world_size=ranks, carry=True,
-                                   balance_window=window)[0] for r in range(ranks)]
+            per_rank = [
+                run_loader(
+                    path,
+                    capacity,
+                    buffer,
+                    rank=r,
+                    world_size=ranks,
+                    carry=True,
+                    balance_window=window,
+                )[0]
+                for r in range(ranks)
+            ]
             counts[window] = [len(c) for c in per_rank]
             steps = min(counts[window])
             if window == 0:
                 shuffled = [random.Random(r).sample(c, len(c)) for r, c in enumerate(per_rank)]
                 row.append(imbalance([[s[t] for s in shuffled] for t in range(steps)]))
             row.append(imbalance([[c[t] for c in per_rank] for t in range(steps)]))
-        print(f"   {mix:<9}{row[0]:>8.3f}{row[1]:>13.3f}" + "".join(f"{v:>9.3f}" for v in row[2:])
-              + f"   {sum(counts[0])} / {sum(counts[windows[-1]])}", flush=True)
+        print(
+            f"   {mix:<9}{row[0]:>8.3f}{row[1]:>13.3f}"
+            + "".join(f"{v:>9.3f}" for v in row[2:])
+            + f"   {sum(counts[0])} / {sum(counts[windows[-1]])}",
+            flush=True,
+        )
     print("\n   target: <= 1.10 with balancing, pack count unchanged")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--capacities", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192])
+    parser.add_argument(
+        "--capacities", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192]
+    )
     parser.add_argument("--per-rank", type=int, default=3000, help="conversations per rank, part 2")
-    parser.add_argument("--windows", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128])
+    parser.add_argument(
+        "--windows", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128]
+    )
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-balance", action="store_true")
     args = parser.parse_args()

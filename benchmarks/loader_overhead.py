@@ -86,9 +86,22 @@ def child(args: argparse.Namespace) -> None:
 
 def spawn(path: Path, mode: str, buffer: int, max_pixels: int) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--path", str(path), "--mode", mode,
-         "--buffer", str(buffer), "--max-pixels", str(max_pixels)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--path",
+            str(path),
+            "--mode",
+            mode,
+            "--buffer",
+            str(buffer),
+            "--max-pixels",
+            str(max_pixels),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -110,16 +123,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         build(path, args.samples)
-        print(f"{args.samples} generated conversations, C=4096, max_pixels={args.max_pixels}, "
-              f"num_workers=0, batch_size=1; best of {args.repeats} epochs\n")
+        print(
+            f"{args.samples} generated conversations, C=4096, max_pixels={args.max_pixels}, "
+            f"num_workers=0, batch_size=1; best of {args.repeats} epochs\n"
+        )
         print("1. Throughput (conversations/s read and delivered)")
         results = {}
         for label, buffer in (("packed, buffer 256", 256), ("unpacked", 0)):
             runs = [spawn(path, "ours", buffer, args.max_pixels) for _ in range(args.repeats)]
             best = max(runs, key=lambda r: r["conv_per_s"])
             results[label] = best
-            print(f"   {label:<20} {best['conv_per_s']:8.1f} conv/s  ({best['rows']} rows, "
-                  f"{best['seconds']:.2f} s)")
+            print(
+                f"   {label:<20} {best['conv_per_s']:8.1f} conv/s  ({best['rows']} rows, "
+                f"{best['seconds']:.2f} s)"
+            )
         ratio = results["packed, buffer 256"]["conv_per_s"] / results["unpacked"]["conv_per_s"]
         print(f"   packed / unpacked = {ratio:.3f}  (target >= 0.95)\n")
 

@@ -75,9 +75,11 @@ def main() -> None:
         f"capacities [worst]); efficiency = real tokens / (packs * C); {args.samples} samples, "
         f"mean of {args.seeds} seed(s). 'chunk' = Energon 7.4.1 (pack the buffer, empty it)."
     )
-    head = f"{'algorithm':<30} {'mode':<7}" + "".join(
-        f"{('N=' + str(b)) if b else 'offline':>17}" for b in BUFFERS
-    ) + f"{'eff% N=256':>11}{'ms/1024 N=256':>15}{'offline s':>10}"
+    head = (
+        f"{'algorithm':<30} {'mode':<7}"
+        + "".join(f"{('N=' + str(b)) if b else 'offline':>17}" for b in BUFFERS)
+        + f"{'eff% N=256':>11}{'ms/1024 N=256':>15}{'offline s':>10}"
+    )
     print(head)
     print("-" * len(head))
     for carry in (False, True):
@@ -85,8 +87,13 @@ def main() -> None:
             mode = "carry" if carry else "chunk"
             cells = []
             for buffer in BUFFERS:
-                sel = [r for r in rows if r[0] == algorithm and r[2] == buffer
-                       and (r[1] == mode or (not buffer and not carry))]
+                sel = [
+                    r
+                    for r in rows
+                    if r[0] == algorithm
+                    and r[2] == buffer
+                    and (r[1] == mode or (not buffer and not carry))
+                ]
                 if not sel or (carry and not buffer):
                     cells.append(f"{'':>17}")
                     continue
@@ -98,43 +105,80 @@ def main() -> None:
             ms = sum(r[7] for r in mid) / len(mid)
             off_s = max(r[7] for r in off) * args.samples / 1024 / 1000
             tag = " *" if algorithm == DEFAULT_ALGORITHM else ""
-            print(f"{algorithm + tag:<30} {mode:<7}" + "".join(cells)
-                  + f"{eff:>11.2f}{ms:>15.2f}{off_s if not carry else float('nan'):>10.2f}")
+            print(
+                f"{algorithm + tag:<30} {mode:<7}"
+                + "".join(cells)
+                + f"{eff:>11.2f}{ms:>15.2f}{off_s if not carry else float('nan'):>10.2f}"
+            )
 
-    print(f"\nDefault ({DEFAULT_ALGORITHM}) + carry vs first-fit-decreasing chunk (baseline), "
-          "packs over the bound %, per mix:")
-    print(f"{'mix':<10}{'C':>6}" + "".join(f"{'N=' + str(b):>18}" for b in BUFFERS if b)
-          + f"{'offline':>18}")
+    print(
+        f"\nDefault ({DEFAULT_ALGORITHM}) + carry vs first-fit-decreasing chunk (baseline), "
+        "packs over the bound %, per mix:"
+    )
+    print(
+        f"{'mix':<10}{'C':>6}"
+        + "".join(f"{'N=' + str(b):>18}" for b in BUFFERS if b)
+        + f"{'offline':>18}"
+    )
     for mix in MIXES:
         for capacity in CAPACITIES:
+
             def get(algorithm, mode, buffer):
-                return next(r[5] for r in rows if r[0] == algorithm and r[1] == mode
-                            and r[2] == buffer and r[3] == mix and r[4] == capacity)
-            cells = [f"{get(DEFAULT_ALGORITHM, 'carry', b):>+7.2f} vs {get('first_fit_decreasing', 'chunk', b):>+6.2f}"
-                     for b in BUFFERS if b]
-            cells.append(f"{get(DEFAULT_ALGORITHM, 'offline', 0):>+7.2f} vs "
-                         f"{get('first_fit_decreasing', 'offline', 0):>+6.2f}")
+                return next(
+                    r[5]
+                    for r in rows
+                    if r[0] == algorithm
+                    and r[1] == mode
+                    and r[2] == buffer
+                    and r[3] == mix
+                    and r[4] == capacity
+                )
+
+            cells = [
+                f"{get(DEFAULT_ALGORITHM, 'carry', b):>+7.2f} vs {get('first_fit_decreasing', 'chunk', b):>+6.2f}"
+                for b in BUFFERS
+                if b
+            ]
+            cells.append(
+                f"{get(DEFAULT_ALGORITHM, 'offline', 0):>+7.2f} vs "
+                f"{get('first_fit_decreasing', 'offline', 0):>+6.2f}"
+            )
             print(f"{mix:<10}{capacity:>6}" + "".join(f"{c:>18}" for c in cells))
 
     print("\nTargets (default + carry, worst mix):")
     for buffer, target in TARGETS.items():
-        worst = max(r[5] for r in rows if r[0] == DEFAULT_ALGORITHM and r[1] == "carry"
-                    and r[2] == buffer)
+        worst = max(
+            r[5] for r in rows if r[0] == DEFAULT_ALGORITHM and r[1] == "carry" and r[2] == buffer
+        )
         slowest = max(r[7] for r in rows if r[0] == DEFAULT_ALGORITHM and r[2] == buffer)
-        print(f"  N={buffer:<5} {worst:+.2f} % (target <= +{target} %)  "
-              f"{'ok' if worst <= target else 'MISSED'};  slowest {slowest:.1f} ms / 1024 "
-              f"(target <= 10)  {'ok' if slowest <= 10 else 'MISSED'}")
+        print(
+            f"  N={buffer:<5} {worst:+.2f} % (target <= +{target} %)  "
+            f"{'ok' if worst <= target else 'MISSED'};  slowest {slowest:.1f} ms / 1024 "
+            f"(target <= 10)  {'ok' if slowest <= 10 else 'MISSED'}"
+        )
     vlm = max(r[5] for r in rows if r[0] == DEFAULT_ALGORITHM and r[2] == 0 and r[3] == "vlm")
     off = max(r[7] for r in rows if r[0] == DEFAULT_ALGORITHM and r[2] == 0)
     off_s = off * args.samples / 1024 / 1000
-    print(f"  offline vlm {vlm:+.2f} % (target <= +0.1 %)  {'ok' if vlm <= 0.1 else 'MISSED'};  "
-          f"offline {args.samples} samples in {off_s:.2f} s (target < 1 s for 32,768)")
+    print(
+        f"  offline vlm {vlm:+.2f} % (target <= +0.1 %)  {'ok' if vlm <= 0.1 else 'MISSED'};  "
+        f"offline {args.samples} samples in {off_s:.2f} s (target < 1 s for 32,768)"
+    )
 
     if args.csv:
         with args.csv.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["algorithm", "mode", "buffer", "mix", "capacity",
-                             "over_lower_bound_pct", "efficiency_pct", "ms_per_1024"])
+            writer.writerow(
+                [
+                    "algorithm",
+                    "mode",
+                    "buffer",
+                    "mix",
+                    "capacity",
+                    "over_lower_bound_pct",
+                    "efficiency_pct",
+                    "ms_per_1024",
+                ]
+            )
             writer.writerows(rows)
 
 

@@ -31,35 +31,43 @@ def make_packs(count: int, seed: int) -> tuple[list[dict], list[dict]]:
     prepacked, ordinary = [], []
     for g, group in enumerate(groups):
         sources = [
-            SourceTokens(key=f"s{i}", input_ids=[5] * lengths[i], token_mask=[0.0] + [1.0] * (lengths[i] - 1))
+            SourceTokens(
+                key=f"s{i}", input_ids=[5] * lengths[i], token_mask=[0.0] + [1.0] * (lengths[i] - 1)
+            )
             for i in group
         ]
         p = assemble(sources, capacity=CAPACITY, pad_multiple=PAD_MULTIPLE, pad_id=0)
         pixels = torch.zeros(64 * (g % 3), 1176)
         grids = torch.tensor([[1, 8, 8]] * (g % 3), dtype=torch.int64).reshape(-1, 3)
-        prepacked.append({
-            "input_ids": torch.from_numpy(p.input_ids)[None],
-            "input_lengths": torch.tensor([CAPACITY]),
-            "token_mask": torch.from_numpy(p.token_mask)[None],
-            "cu_seqlens": [torch.from_numpy(p.cu_seqlens)],
-            "cu_seqlens_padded": [torch.from_numpy(p.cu_seqlens_padded)],
-            "position_ids": torch.from_numpy(p.position_ids)[None],
-            "padding_mask": torch.from_numpy(p.padding_mask)[None],
-            "source_ids": [p.source_ids],
-            "pixel_values": [pixels],
-            "image_grid_thw": [grids],
-        })
+        prepacked.append(
+            {
+                "input_ids": torch.from_numpy(p.input_ids)[None],
+                "input_lengths": torch.tensor([CAPACITY]),
+                "token_mask": torch.from_numpy(p.token_mask)[None],
+                "cu_seqlens": [torch.from_numpy(p.cu_seqlens)],
+                "cu_seqlens_padded": [torch.from_numpy(p.cu_seqlens_padded)],
+                "position_ids": torch.from_numpy(p.position_ids)[None],
+                "padding_mask": torch.from_numpy(p.padding_mask)[None],
+                "source_ids": [p.source_ids],
+                "pixel_values": [pixels],
+                "image_grid_thw": [grids],
+            }
+        )
         width = max(lengths[i] for i in group)
         ids = torch.zeros(len(group), width, dtype=torch.long)
         mask = torch.zeros(len(group), width)
         for r, i in enumerate(group):
             ids[r, : lengths[i]] = 5
             mask[r, 1 : lengths[i]] = 1.0
-        ordinary.append({
-            "input_ids": ids, "input_lengths": torch.tensor([lengths[i] for i in group]),
-            "token_mask": mask, "position_ids": torch.arange(width).repeat(len(group), 1),
-            "source_ids": [[f"s{i}"] for i in group],
-        })
+        ordinary.append(
+            {
+                "input_ids": ids,
+                "input_lengths": torch.tensor([lengths[i] for i in group]),
+                "token_mask": mask,
+                "position_ids": torch.arange(width).repeat(len(group), 1),
+                "source_ids": [[f"s{i}"] for i in group],
+            }
+        )
     return prepacked, ordinary
 
 
@@ -83,13 +91,18 @@ def main() -> None:
         ("loader pack, validate, padded", dict(pad_multiple=PAD_MULTIPLE)),
         ("loader pack, no validate", dict(pad_multiple=PAD_MULTIPLE, validate=False)),
         ("loader pack, validate, real", dict(pad_multiple=PAD_MULTIPLE, boundary="real")),
-        ("loader pack, validate, CP=2 rank 0", dict(pad_multiple=PAD_MULTIPLE, cp_size=2, cp_rank=0)),
+        (
+            "loader pack, validate, CP=2 rank 0",
+            dict(pad_multiple=PAD_MULTIPLE, cp_size=2, cp_rank=0),
+        ),
     ]
     print(f"{'path':<40}{'us per pack':>14}")
     for label, kwargs in rows:
         best = min(per_pack_us(prepacked, **kwargs) for _ in range(3))
         print(f"{label:<40}{best:>14.0f}")
-    best = min(per_pack_us(ordinary, token_budget=CAPACITY, pad_multiple=PAD_MULTIPLE) for _ in range(3))
+    best = min(
+        per_pack_us(ordinary, token_budget=CAPACITY, pad_multiple=PAD_MULTIPLE) for _ in range(3)
+    )
     print(f"{'trainer-side packing (baseline)':<40}{best:>14.0f}")
     print("\ntarget: well under 1000 us per loader pack")
 

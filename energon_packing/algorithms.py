@@ -123,7 +123,9 @@ def pack(
         ValueError: naming the bad index and value, or the valid algorithm names.
     """
     lengths = _check_call(lengths, capacity, algorithm, max_per_pack, delta)
-    return min(candidates(lengths, capacity, algorithm, max_per_pack, seed, delta), key=_score(lengths))
+    return min(
+        candidates(lengths, capacity, algorithm, max_per_pack, seed, delta), key=_score(lengths)
+    )
 
 
 def _check_call(

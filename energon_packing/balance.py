@@ -41,7 +41,9 @@ def target_quantile(step: int, seed: int = 0) -> float:
 def pick(pool_costs: Sequence[int], target: int) -> int:
     """Position of the pooled pack nearest to ``target`` on a log scale (ties: earliest)."""
     goal = math.log(max(target, 1))
-    return min(range(len(pool_costs)), key=lambda i: (abs(math.log(max(pool_costs[i], 1)) - goal), i))
+    return min(
+        range(len(pool_costs)), key=lambda i: (abs(math.log(max(pool_costs[i], 1)) - goal), i)
+    )
 
 
 class RecentCosts:
@@ -73,4 +75,3 @@ def imbalance(step_costs: Sequence[Sequence[float]]) -> float:
     """
     ratios = [max(costs) / (sum(costs) / len(costs)) for costs in step_costs if sum(costs)]
     return sum(ratios) / len(ratios) if ratios else 1.0
-

@@ -62,8 +62,15 @@ def prepare(
     for batch in packs:
         loader.append(microbatches(batch, image_token_id=image, pad_multiple=multiple))
         rows = task_encoder.batch([encoded[key] for key in batch["source_ids"][0]])
-        trainer.append(microbatches(rows, image_token_id=image, token_budget=capacity,
-                                    pad_multiple=multiple, pad_id=task_encoder.tokenizer.special.pad))
+        trainer.append(
+            microbatches(
+                rows,
+                image_token_id=image,
+                token_budget=capacity,
+                pad_multiple=multiple,
+                pad_id=task_encoder.tokenizer.special.pad,
+            )
+        )
         padded.append(microbatches(rows, image_token_id=image))
     return loader, trainer, padded
 
@@ -122,7 +129,9 @@ def plot(curves: list[Curve], path: Path | str) -> Path:
         ax.set_ylabel("token loss")
         ax.grid(alpha=0.3)
     by_step.legend(fontsize=8)
-    fig.suptitle("TinyVLM on the same conversations: loader packs vs trainer packs vs padding", fontsize=10)
+    fig.suptitle(
+        "TinyVLM on the same conversations: loader packs vs trainer packs vs padding", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

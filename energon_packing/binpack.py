@@ -157,9 +157,7 @@ def _first_fit(
     return groups
 
 
-def first_fit_decreasing(
-    lengths: Sequence[int], capacity: int, max_per_pack: int | None
-) -> Groups:
+def first_fit_decreasing(lengths: Sequence[int], capacity: int, max_per_pack: int | None) -> Groups:
     return _first_fit(_decreasing(lengths), lengths, capacity, max_per_pack)
 
 
@@ -195,9 +193,7 @@ def greedy_knapsack(lengths: Sequence[int], capacity: int, max_per_pack: int | N
     return _greedy_from_bag(SizeBag.of(lengths, range(len(lengths))), capacity, max_per_pack)
 
 
-def best_fit_decreasing(
-    lengths: Sequence[int], capacity: int, max_per_pack: int | None
-) -> Groups:
+def best_fit_decreasing(lengths: Sequence[int], capacity: int, max_per_pack: int | None) -> Groups:
     """Each item, largest first, into the open pack with the least free space that fits."""
     groups: Groups = []
     free_bag = SizeBag()  # free space -> pack index

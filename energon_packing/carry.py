@@ -40,8 +40,10 @@ class CarryPolicy:
     budget: float = DEFAULT_BUDGET
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_carries, bool) or not isinstance(self.max_carries, int) or (
-            self.max_carries < 0
+        if (
+            isinstance(self.max_carries, bool)
+            or not isinstance(self.max_carries, int)
+            or (self.max_carries < 0)
         ):
             raise ValueError(f"max_carries must be an integer >= 0, got {self.max_carries!r}")
         if not 0.0 <= self.min_fill <= 1.0:
@@ -95,6 +97,4 @@ def split(
 
 
 def emit_all(groups: list[list[int]], lengths: Sequence[int], capacity: int) -> Selection:
-    return Selection(
-        packs=groups, waste=sum(capacity - sum(lengths[i] for i in g) for g in groups)
-    )
+    return Selection(packs=groups, waste=sum(capacity - sum(lengths[i] for i in g) for g in groups))

@@ -32,9 +32,12 @@ def _quiet(*, progress: bool = False) -> None:
 
 def _data_option(required: bool = False):
     return click.option(
-        "--data", "data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+        "--data",
+        "data",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
         default=None if required else (REPO_SAMPLE_DATA if REPO_SAMPLE_DATA.exists() else None),
-        show_default="the bundled sample_data", help="A prepared Energon dataset.",
+        show_default="the bundled sample_data",
+        help="A prepared Energon dataset.",
     )
 
 
@@ -46,13 +49,25 @@ def main() -> None:
 
 @main.command()
 @_data_option()
-@click.option("--capacity", default=2048, show_default=True, help="Pack width C (max_input_seq_length).")
-@click.option("--buffer", default=64, show_default=True, help="packing_buffer_size of the loader run.")
-@click.option("--trainer-batch", default=16, show_default=True, help="Conversations per trainer batch.")
-@click.option("--picture", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("energon-packing-demo.png"), show_default=True)
+@click.option(
+    "--capacity", default=2048, show_default=True, help="Pack width C (max_input_seq_length)."
+)
+@click.option(
+    "--buffer", default=64, show_default=True, help="packing_buffer_size of the loader run."
+)
+@click.option(
+    "--trainer-batch", default=16, show_default=True, help="Conversations per trainer batch."
+)
+@click.option(
+    "--picture",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("energon-packing-demo.png"),
+    show_default=True,
+)
 @click.option("--packs", "shown", default=6, show_default=True, help="Packs drawn in the picture.")
-def demo(data: Path | None, capacity: int, buffer: int, trainer_batch: int, picture: Path, shown: int) -> None:
+def demo(
+    data: Path | None, capacity: int, buffer: int, trainer_batch: int, picture: Path, shown: int
+) -> None:
     """Pack the bundled sample data through the real Energon loader and report."""
     _quiet()
     if data is None:
@@ -61,7 +76,13 @@ def demo(data: Path | None, capacity: int, buffer: int, trainer_batch: int, pict
     from energon_packing.algorithms import lower_bound
     from energon_packing.picture import draw, layout
     from energon_packing.report import (
-        format_paths, format_skipped, format_table, loader_vs_trainer, measure_costs, packing_table, recommend,
+        format_paths,
+        format_skipped,
+        format_table,
+        loader_vs_trainer,
+        measure_costs,
+        packing_table,
+        recommend,
     )
 
     knobs = dict(max_input_seq_length=capacity, pad_multiple=8, carry=True)
@@ -74,32 +95,64 @@ def demo(data: Path | None, capacity: int, buffer: int, trainer_batch: int, pict
     bound = lower_bound(measured.costs, capacity)
     sizes = [len(b["source_ids"][0]) for b in batches]
     click.echo(f"energon-packing demo: {data}")
-    click.echo(f"  {stats.read} conversations read, {stats.packed} packed into {stats.packs} packs of "
-               f"{capacity} tokens in {seconds:.1f} s (real Energon loader, buffer {buffer}, carry on)")
-    click.echo(f"  conversations per pack: mean {sum(sizes) / len(sizes):.1f}, min {min(sizes)}, max {max(sizes)}")
-    click.echo(f"  efficiency {100 * stats.efficiency:.1f} % real tokens; lower bound {bound} packs, "
-               f"so {100 * (stats.packs / bound - 1):+.2f} % over it")
+    click.echo(
+        f"  {stats.read} conversations read, {stats.packed} packed into {stats.packs} packs of "
+        f"{capacity} tokens in {seconds:.1f} s (real Energon loader, buffer {buffer}, carry on)"
+    )
+    click.echo(
+        f"  conversations per pack: mean {sum(sizes) / len(sizes):.1f}, min {min(sizes)}, max {max(sizes)}"
+    )
+    click.echo(
+        f"  efficiency {100 * stats.efficiency:.1f} % real tokens; lower bound {bound} packs, "
+        f"so {100 * (stats.packs / bound - 1):+.2f} % over it"
+    )
     click.echo(f"  {format_skipped(dict(stats.skipped), stats.skipped_keys)}\n")
-    click.echo("Every algorithm on the same conversations (pack_stream, the loader's own select code):")
+    click.echo(
+        "Every algorithm on the same conversations (pack_stream, the loader's own select code):"
+    )
     rows = packing_table(measured, buffers=(buffer, 256))
     click.echo(format_table(rows))
     click.echo(recommend(rows) + "\n")
     click.echo("Loader path vs trainer path, same conversations:")
-    click.echo(format_paths(loader_vs_trainer(measured, loader_packs=stats.packs, batch_size=trainer_batch,
-                                              pad_multiple=8)) + "\n")
+    click.echo(
+        format_paths(
+            loader_vs_trainer(
+                measured, loader_packs=stats.packs, batch_size=trainer_batch, pad_multiple=8
+            )
+        )
+        + "\n"
+    )
     layouts = [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches[:shown]]
-    draw(layouts, picture, title=f"first {len(layouts)} loader packs of {data.name} (C={capacity}, carry)")
+    draw(
+        layouts,
+        picture,
+        title=f"first {len(layouts)} loader packs of {data.name} (C={capacity}, carry)",
+    )
     click.echo(f"picture of the first {len(layouts)} packs: {picture}")
 
 
 def _encoder_options(fn):
-    for option in reversed([
-        click.option("--capacity", default=8192, show_default=True, help="Pack width C."),
-        click.option("--pad-multiple", default=8, show_default=True),
-        click.option("--max-pixels", default=None, type=int, help="Qwen2-VL max_pixels (default 1003520)."),
-        click.option("--overlong", type=click.Choice(["drop", "truncate", "error"]), default="drop", show_default=True),
-        click.option("--tokenizer", default=None, help="Tokenizer path (default: the bundled one)."),
-    ]):
+    for option in reversed(
+        [
+            click.option("--capacity", default=8192, show_default=True, help="Pack width C."),
+            click.option("--pad-multiple", default=8, show_default=True),
+            click.option(
+                "--max-pixels",
+                default=None,
+                type=int,
+                help="Qwen2-VL max_pixels (default 1003520).",
+            ),
+            click.option(
+                "--overlong",
+                type=click.Choice(["drop", "truncate", "error"]),
+                default="drop",
+                show_default=True,
+            ),
+            click.option(
+                "--tokenizer", default=None, help="Tokenizer path (default: the bundled one)."
+            ),
+        ]
+    ):
         fn = option(fn)
     return fn
 
@@ -107,7 +160,9 @@ def _encoder_options(fn):
 def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, **extra):
     from energon_packing import PackingTaskEncoder
 
-    knobs = dict(max_input_seq_length=capacity, pad_multiple=pad_multiple, overlong=overlong, **extra)
+    knobs = dict(
+        max_input_seq_length=capacity, pad_multiple=pad_multiple, overlong=overlong, **extra
+    )
     if max_pixels is not None:
         knobs["max_pixels"] = max_pixels
     return PackingTaskEncoder(tokenizer=tokenizer, **knobs)
@@ -116,18 +171,32 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, **extra):
 @main.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @_encoder_options
-@click.option("--buffer", "buffers", multiple=True, type=int, default=(64, 256, 1024), show_default=True)
-@click.option("--algorithm", "algorithms", multiple=True, help="Only these algorithms (default: all).")
-def stats(path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, buffers, algorithms) -> None:
+@click.option(
+    "--buffer", "buffers", multiple=True, type=int, default=(64, 256, 1024), show_default=True
+)
+@click.option(
+    "--algorithm", "algorithms", multiple=True, help="Only these algorithms (default: all)."
+)
+def stats(
+    path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, buffers, algorithms
+) -> None:
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
     from energon_packing.algorithms import ALGORITHMS
-    from energon_packing.report import format_skipped, format_table, measure_costs, packing_table, recommend
+    from energon_packing.report import (
+        format_skipped,
+        format_table,
+        measure_costs,
+        packing_table,
+        recommend,
+    )
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer)
     measured = measure_costs(path, te, progress=True)
-    click.echo(f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens, "
-               f"C={capacity}, pad_multiple={pad_multiple}")
+    click.echo(
+        f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens, "
+        f"C={capacity}, pad_multiple={pad_multiple}"
+    )
     click.echo(format_skipped(measured.skipped, te.stats.skipped_keys))
     rows = packing_table(measured, algorithms=algorithms or ALGORITHMS, buffers=buffers)
     click.echo(format_table(rows))
@@ -140,9 +209,24 @@ def stats(path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, b
 @click.option("--buffer", default=64, show_default=True)
 @click.option("--carry/--no-carry", default=True, show_default=True)
 @click.option("--packs", "count", default=4, show_default=True, help="Packs to show.")
-@click.option("--picture", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("energon-packing-preview.png"), show_default=True)
-def preview(path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, buffer, carry, count, picture) -> None:
+@click.option(
+    "--picture",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("energon-packing-preview.png"),
+    show_default=True,
+)
+def preview(
+    path: Path,
+    capacity,
+    pad_multiple,
+    max_pixels,
+    overlong,
+    tokenizer,
+    buffer,
+    carry,
+    count,
+    picture,
+) -> None:
     """Print the first packs (segments, boundaries, image owners) and draw them."""
     import itertools
 
@@ -164,11 +248,25 @@ def preview(path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer,
 @click.option("--buffer", default=64, show_default=True)
 @click.option("--lr", default=3e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
-@click.option("--hidden", default=192, show_default=True, help="TinyVLM width (layers: 2, heads: 4).")
-@click.option("--picture", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("energon-packing-bench.png"), show_default=True)
-def bench(data: Path | None, steps: int, capacity: int, buffer: int, lr: float, seed: int, hidden: int,
-          picture: Path) -> None:
+@click.option(
+    "--hidden", default=192, show_default=True, help="TinyVLM width (layers: 2, heads: 4)."
+)
+@click.option(
+    "--picture",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("energon-packing-bench.png"),
+    show_default=True,
+)
+def bench(
+    data: Path | None,
+    steps: int,
+    capacity: int,
+    buffer: int,
+    lr: float,
+    seed: int,
+    hidden: int,
+    picture: Path,
+) -> None:
     """Train the tiny model on the same conversations through loader packs, trainer packs and
     padded batches; print tokens/s and losses, plot loss vs step and vs time."""
     _quiet()
@@ -184,24 +282,38 @@ def bench(data: Path | None, steps: int, capacity: int, buffer: int, lr: float, 
     te = PackingTaskEncoder(max_input_seq_length=capacity, pad_multiple=8, carry=True)
     inputs = prepare(data, te, steps=steps, buffer=buffer)
     config = TinyConfig(vocab_size=te.tokenizer.vocab_size, hidden=hidden, mlp=4 * hidden)
-    curves = [train(name, path_steps, config=config, seed=seed, lr=lr) for name, path_steps in zip(PATHS, inputs)]
+    curves = [
+        train(name, path_steps, config=config, seed=seed, lr=lr)
+        for name, path_steps in zip(PATHS, inputs)
+    ]
     reference = curves[0].losses
-    click.echo(f"TinyVLM, {len(reference)} steps of the same conversations, C={capacity}, lr={lr}, seed={seed}\n")
-    click.echo(f"{'path':<17}{'real tokens':>12}{'computed':>11}{'efficiency':>12}{'tokens/s':>11}"
-               f"{'final loss':>12}{'max |dloss| vs loader':>23}")
+    click.echo(
+        f"TinyVLM, {len(reference)} steps of the same conversations, C={capacity}, lr={lr}, seed={seed}\n"
+    )
+    click.echo(
+        f"{'path':<17}{'real tokens':>12}{'computed':>11}{'efficiency':>12}{'tokens/s':>11}"
+        f"{'final loss':>12}{'max |dloss| vs loader':>23}"
+    )
     for curve in curves:
         gap = max(abs(a - b) for a, b in zip(curve.losses, reference))
-        click.echo(f"{curve.name:<17}{curve.real_tokens:>12,}{curve.computed_tokens:>11,}"
-                   f"{100 * curve.real_tokens / curve.computed_tokens:>11.1f}%{curve.tokens_per_second:>11,.0f}"
-                   f"{curve.losses[-1]:>12.4f}{gap:>23.2e}")
+        click.echo(
+            f"{curve.name:<17}{curve.real_tokens:>12,}{curve.computed_tokens:>11,}"
+            f"{100 * curve.real_tokens / curve.computed_tokens:>11.1f}%{curve.tokens_per_second:>11,.0f}"
+            f"{curve.losses[-1]:>12.4f}{gap:>23.2e}"
+        )
     plot(curves, picture)
     click.echo(f"\ncurves: {picture}")
 
 
 @main.command("prepare")
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--split-parts", multiple=True, default=("train:.*\\.tar$",), show_default=True,
-              help="split:regex over shard paths, repeatable (patterns may overlap).")
+@click.option(
+    "--split-parts",
+    multiple=True,
+    default=("train:.*\\.tar$",),
+    show_default=True,
+    help="split:regex over shard paths, repeatable (patterns may overlap).",
+)
 def prepare_command(path: Path, split_parts) -> None:
     """Run `energon prepare` on a folder of WebDataset shards and write our dataset yamls."""
     from energon_packing.prepare import prepare_dataset

@@ -98,8 +98,10 @@ class PackingConfig:
         for name in ("mrope", "carry"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.balance_window, bool) or not isinstance(self.balance_window, int) or (
-            self.balance_window < 0
+        if (
+            isinstance(self.balance_window, bool)
+            or not isinstance(self.balance_window, int)
+            or (self.balance_window < 0)
         ):
             raise ValueError(f"balance_window must be an integer >= 0, got {self.balance_window!r}")
         self.vision  # validates min_pixels / max_pixels

@@ -39,8 +39,11 @@ def check_pack(
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     cup = np.asarray(cu_seqlens_padded, dtype=np.int64)
     if cu.ndim != 1 or cup.ndim != 1 or len(cu) != len(cup) or len(cu) < 2:
-        fail("cu_seqlens", f"cu_seqlens {cu.tolist()} and cu_seqlens_padded {cup.tolist()} "
-             "must be 1-D, of equal length >= 2")
+        fail(
+            "cu_seqlens",
+            f"cu_seqlens {cu.tolist()} and cu_seqlens_padded {cup.tolist()} "
+            "must be 1-D, of equal length >= 2",
+        )
     if cu[0] != 0 or cup[0] != 0:
         fail("cu_seqlens", f"must start at 0, got {cu[0]} and {cup[0]}")
     real, pad = np.diff(cu), np.diff(cup)
@@ -55,14 +58,19 @@ def check_pack(
         fail("source_ids", f"{len(source_ids)} ids for {len(real)} sources")
     if (pad[:-1] % pad_multiple).any():
         i = int(np.argmax(pad[:-1] % pad_multiple != 0))
-        fail("cu_seqlens_padded", f"source {i} padded to {pad[i]}, not a multiple of "
-             f"pad_multiple={pad_multiple}")
+        fail(
+            "cu_seqlens_padded",
+            f"source {i} padded to {pad[i]}, not a multiple of pad_multiple={pad_multiple}",
+        )
     if capacity % pad_multiple:
         fail("input_ids", f"pack width {capacity} is not a multiple of pad_multiple={pad_multiple}")
     if cp_size > 1 and (pad % (2 * cp_size)).any():
         i = int(np.argmax(pad % (2 * cp_size) != 0))
-        fail("cu_seqlens_padded", f"source {i} has padded length {pad[i]}, not divisible by "
-             f"2*cp_size={2 * cp_size}; set pad_multiple to a multiple of {2 * cp_size}")
+        fail(
+            "cu_seqlens_padded",
+            f"source {i} has padded length {pad[i]}, not divisible by "
+            f"2*cp_size={2 * cp_size}; set pad_multiple to a multiple of {2 * cp_size}",
+        )
     starts = cup[:-1]
     mask = np.asarray(token_mask)
     if mask.shape[-1] != capacity:
@@ -74,7 +82,10 @@ def check_pack(
     for s, n in zip(starts, real):
         real_positions[s : s + n] = True
     if (mask[~real_positions] != 0).any():
-        fail("token_mask", f"{int((mask[~real_positions] != 0).sum())} pad/tail positions are trained")
+        fail(
+            "token_mask",
+            f"{int((mask[~real_positions] != 0).sum())} pad/tail positions are trained",
+        )
     if padding_mask is not None and not np.array_equal(np.asarray(padding_mask), ~real_positions):
         fail("padding_mask", "must be True exactly on pad and tail positions")
     if image_grid_thw is not None and image_source_index is not None and image_pad_id is not None:
@@ -87,5 +98,8 @@ def check_pack(
             expected = int(grids[owners == i].prod(axis=1).sum()) // (merge_size**2)
             found = int((ids[s : s + n] == image_pad_id).sum())
             if found != expected:
-                fail("input_ids", f"source {i} ({source_ids[i]}) has {found} image-pad tokens, "
-                     f"its images need {expected}")
+                fail(
+                    "input_ids",
+                    f"source {i} ({source_ids[i]}) has {found} image-pad tokens, "
+                    f"its images need {expected}",
+                )

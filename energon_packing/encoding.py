@@ -104,7 +104,9 @@ def parse_turns(messages: Sequence[Any], images: _Images) -> list[tuple[str, lis
             raise Skip("malformed_message", f"messages[{m}] needs 'role' and 'content'")
         role, content = message["role"], message["content"]
         if role not in ROLES:
-            raise Skip("unknown_role", f"messages[{m}] has role {role!r}; valid: {', '.join(ROLES)}")
+            raise Skip(
+                "unknown_role", f"messages[{m}] has role {role!r}; valid: {', '.join(ROLES)}"
+            )
         pieces: list[str | int] = []
         if isinstance(content, str):
             texts = content.split(IMAGE_PLACEHOLDER)
@@ -158,7 +160,9 @@ def encode(
     for i in refs.order:
         name = image_names[i]
         if name not in images:
-            raise Skip("missing_image", f"image {name!r} is listed but the shard has no part {key}.{name}")
+            raise Skip(
+                "missing_image", f"image {name!r} is listed but the shard has no part {key}.{name}"
+            )
         try:
             width, height = probe(images[name])
             grids.append(grid_for(width, height, vision))
@@ -218,7 +222,9 @@ def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) ->
             f"{what}; its images end at token {media_end} and images are never cut",
         )
     if not any(w > 0 for w in encoding.token_mask[:capacity]):
-        raise Skip("overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing")
+        raise Skip(
+            "overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing"
+        )
     encoding.truncated = length - capacity
     del encoding.input_ids[capacity:]
     del encoding.token_mask[capacity:]

@@ -131,7 +131,9 @@ def _varlen_attention(q, k, v, params) -> torch.Tensor:
         source[start : start + extent] = index
         valid_key[start : start + valid] = True
     keys = torch.arange(total)
-    allowed = (source[local][:, None] == source[None, :]) & (keys[None, :] <= local[:, None]) & valid_key
+    allowed = (
+        (source[local][:, None] == source[None, :]) & (keys[None, :] <= local[:, None]) & valid_key
+    )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None])
 
 
@@ -141,8 +143,9 @@ class Block(nn.Module):
         self.norm1 = nn.RMSNorm(config.hidden)
         self.attn = Attention(config)
         self.norm2 = nn.RMSNorm(config.hidden)
-        self.mlp = nn.Sequential(nn.Linear(config.hidden, config.mlp), nn.GELU(),
-                                 nn.Linear(config.mlp, config.hidden))
+        self.mlp = nn.Sequential(
+            nn.Linear(config.hidden, config.mlp), nn.GELU(), nn.Linear(config.mlp, config.hidden)
+        )
 
     def forward(self, x, cos, sin, params):
         x = x + self.attn(self.norm1(x), cos, sin, params)
@@ -161,8 +164,12 @@ class TinyVLM(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden)
         self.patch = nn.Linear(config.patch_dim, config.vision_hidden)
         merged = config.vision_hidden * config.merge_size**2
-        self.merger = nn.Sequential(nn.LayerNorm(merged), nn.Linear(merged, config.hidden),
-                                    nn.GELU(), nn.Linear(config.hidden, config.hidden))
+        self.merger = nn.Sequential(
+            nn.LayerNorm(merged),
+            nn.Linear(merged, config.hidden),
+            nn.GELU(),
+            nn.Linear(config.hidden, config.hidden),
+        )
         self.rotary = Rotary(config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = nn.RMSNorm(config.hidden)
@@ -188,7 +195,9 @@ class TinyVLM(nn.Module):
         x = self.embed(input_ids)
         if pixel_values is not None and len(pixel_values):
             if vision_token_index is None:
-                raise ValueError("pixel_values need vision_token_index (pass image_token_id to the shim)")
+                raise ValueError(
+                    "pixel_values need vision_token_index (pass image_token_id to the shim)"
+                )
             features = self.vision_features(pixel_values)
             where = vision_token_index >= 0
             x = x.clone()

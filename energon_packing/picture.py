@@ -50,24 +50,37 @@ def layout(batch: dict, row: int, *, image_pad_id: int) -> Layout:
     segments = []
     for k, key in enumerate(batch["source_ids"][row]):
         start, real = cup[k], cu[k + 1] - cu[k]
-        segments.append(Segment(
-            key=key, start=start, real_end=start + real, padded_end=cup[k + 1],
-            images=_runs(ids[start : start + real] == image_pad_id, start),
-            grids=[tuple(g) for g, o in zip(grids, owners) if o == k],
-        ))
+        segments.append(
+            Segment(
+                key=key,
+                start=start,
+                real_end=start + real,
+                padded_end=cup[k + 1],
+                images=_runs(ids[start : start + real] == image_pad_id, start),
+                grids=[tuple(g) for g, o in zip(grids, owners) if o == k],
+            )
+        )
     return Layout(capacity=ids.shape[0], segments=segments)
 
 
 def describe(layouts: Sequence[Layout]) -> str:
     lines = []
     for n, pack in enumerate(layouts):
-        lines.append(f"pack {n}  {pack.capacity} tokens, {len(pack.segments)} conversations, "
-                     f"{100 * pack.real_tokens / pack.capacity:.1f} % real")
+        lines.append(
+            f"pack {n}  {pack.capacity} tokens, {len(pack.segments)} conversations, "
+            f"{100 * pack.real_tokens / pack.capacity:.1f} % real"
+        )
         for s in pack.segments:
             grids = ", ".join("x".join(map(str, g)) for g in s.grids)
-            images = f"   {len(s.grids)} image{'s' if len(s.grids) != 1 else ''}  ({grids})" if s.grids else ""
-            lines.append(f"  [{s.start:>6}, {s.padded_end:>6})  {s.key:<16}{s.real_end - s.start:>6} real"
-                         f"{s.padded_end - s.real_end:>5} pad{images}")
+            images = (
+                f"   {len(s.grids)} image{'s' if len(s.grids) != 1 else ''}  ({grids})"
+                if s.grids
+                else ""
+            )
+            lines.append(
+                f"  [{s.start:>6}, {s.padded_end:>6})  {s.key:<16}{s.real_end - s.start:>6} real"
+                f"{s.padded_end - s.real_end:>5} pad{images}"
+            )
     return "\n".join(lines)
 
 
@@ -86,26 +99,66 @@ def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Pat
     colours = plt.get_cmap("tab20").colors
     for row, pack in enumerate(layouts):
         y = len(layouts) - 1 - row
-        ax.broken_barh([(0, pack.capacity)], (y - height / 2, height), facecolors="#d9d9d9",
-                       edgecolor="#999999", linewidth=0.5)
+        ax.broken_barh(
+            [(0, pack.capacity)],
+            (y - height / 2, height),
+            facecolors="#d9d9d9",
+            edgecolor="#999999",
+            linewidth=0.5,
+        )
         for k, s in enumerate(pack.segments):
             colour = colours[(2 * k) % len(colours)]
-            ax.broken_barh([(s.start, s.real_end - s.start)], (y - height / 2, height),
-                           facecolors=colour, edgecolor="white", linewidth=0.8)
+            ax.broken_barh(
+                [(s.start, s.real_end - s.start)],
+                (y - height / 2, height),
+                facecolors=colour,
+                edgecolor="white",
+                linewidth=0.8,
+            )
             for a, b in s.images:
-                ax.broken_barh([(a, b - a)], (y - height / 2, height), facecolors=colours[(2 * k + 1) % len(colours)],
-                               hatch="////", edgecolor="black", linewidth=0.0)
+                ax.broken_barh(
+                    [(a, b - a)],
+                    (y - height / 2, height),
+                    facecolors=colours[(2 * k + 1) % len(colours)],
+                    hatch="////",
+                    edgecolor="black",
+                    linewidth=0.0,
+                )
             if s.real_end - s.start > pack.capacity / 40:
-                ax.text((s.start + s.real_end) / 2, y, s.key.removeprefix("sample"), ha="center",
-                        va="center", fontsize=6, rotation=90 if s.real_end - s.start < pack.capacity / 12 else 0)
-        ax.text(pack.capacity * 1.005, y, f"{100 * pack.real_tokens / pack.capacity:.0f}%", va="center", fontsize=8)
-    ax.set_yticks(range(len(layouts)), [f"pack {len(layouts) - 1 - i}" for i in range(len(layouts))], fontsize=8)
+                ax.text(
+                    (s.start + s.real_end) / 2,
+                    y,
+                    s.key.removeprefix("sample"),
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    rotation=90 if s.real_end - s.start < pack.capacity / 12 else 0,
+                )
+        ax.text(
+            pack.capacity * 1.005,
+            y,
+            f"{100 * pack.real_tokens / pack.capacity:.0f}%",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(
+        range(len(layouts)),
+        [f"pack {len(layouts) - 1 - i}" for i in range(len(layouts))],
+        fontsize=8,
+    )
     ax.set_xlim(0, layouts[0].capacity * 1.05 if layouts else 1)
     ax.set_xlabel("token position in the pack")
-    ax.legend(handles=[Patch(facecolor=colours[0], label="conversation (one colour each)"),
-                       Patch(facecolor=colours[1], hatch="////", label="image tokens"),
-                       Patch(facecolor="#d9d9d9", label="padding / tail")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(len(layouts), 1)), ncol=3, fontsize=8)
+    ax.legend(
+        handles=[
+            Patch(facecolor=colours[0], label="conversation (one colour each)"),
+            Patch(facecolor=colours[1], hatch="////", label="image tokens"),
+            Patch(facecolor="#d9d9d9", label="padding / tail"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 - 0.3 / max(len(layouts), 1)),
+        ncol=3,
+        fontsize=8,
+    )
     ax.set_title(title or "energon_packing: loader packs", fontsize=10)
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)

@@ -72,9 +72,17 @@ def prepare_dataset(
         num_workers: Indexing processes.
     """
     args = [
-        sys.executable, "-c", "from megatron.energon.cli.main import main; main()",
-        "prepare", str(path), "--non-interactive", "--skip-dataset-yaml", "--force-overwrite",
-        "--no-progress", "--num-workers", str(num_workers),
+        sys.executable,
+        "-c",
+        "from megatron.energon.cli.main import main; main()",
+        "prepare",
+        str(path),
+        "--non-interactive",
+        "--skip-dataset-yaml",
+        "--force-overwrite",
+        "--no-progress",
+        "--num-workers",
+        str(num_workers),
     ]  # no --media-metadata-*: we read image sizes ourselves, and it fails whole shards that
     #    hold one corrupt image ("has no samples")
     for part in split_parts:

@@ -59,14 +59,24 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
     if progress:
         from tqdm import tqdm
 
-        samples = tqdm(samples, total=_split_size(samples), desc="measuring", unit=" conv",
-                       disable=None if os.environ.get("TQDM_DISABLE") is None else True)
+        samples = tqdm(
+            samples,
+            total=_split_size(samples),
+            desc="measuring",
+            unit=" conv",
+            disable=None if os.environ.get("TQDM_DISABLE") is None else True,
+        )
     for sample in samples:
         keys.append(sample.__key__)
         costs.append(sample.cost)
         lengths.append(sample.length)
-    return Measured(keys=keys, costs=costs, lengths=lengths, skipped=dict(task_encoder.stats.skipped),
-                    capacity=task_encoder.config.max_input_seq_length)
+    return Measured(
+        keys=keys,
+        costs=costs,
+        lengths=lengths,
+        skipped=dict(task_encoder.stats.skipped),
+        capacity=task_encoder.config.max_input_seq_length,
+    )
 
 
 def _split_size(dataset: Any) -> int | None:
@@ -93,21 +103,49 @@ def packing_table(
     for algorithm in algorithms:
         for mode in modes:
             for buffer in buffers:
-                packs = sum(1 for _ in pack_stream(costs, capacity, buffer_size=buffer,
-                                                   algorithm=algorithm, carry=mode == "carry", **knobs))
-                rows.append(Row(algorithm=algorithm, mode=mode, buffer=buffer, packs=packs,
-                                bound=bound, real_tokens=real, capacity=capacity))
+                packs = sum(
+                    1
+                    for _ in pack_stream(
+                        costs,
+                        capacity,
+                        buffer_size=buffer,
+                        algorithm=algorithm,
+                        carry=mode == "carry",
+                        **knobs,
+                    )
+                )
+                rows.append(
+                    Row(
+                        algorithm=algorithm,
+                        mode=mode,
+                        buffer=buffer,
+                        packs=packs,
+                        bound=bound,
+                        real_tokens=real,
+                        capacity=capacity,
+                    )
+                )
         if offline:
-            rows.append(Row(algorithm=algorithm, mode="offline", buffer=None,
-                            packs=len(pack(costs, capacity, algorithm=algorithm, **knobs)),
-                            bound=bound, real_tokens=real, capacity=capacity))
+            rows.append(
+                Row(
+                    algorithm=algorithm,
+                    mode="offline",
+                    buffer=None,
+                    packs=len(pack(costs, capacity, algorithm=algorithm, **knobs)),
+                    bound=bound,
+                    real_tokens=real,
+                    capacity=capacity,
+                )
+            )
     return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """Rows = algorithms, columns = mode x buffer: packs over the bound and efficiency."""
-    columns = sorted({(r.mode, r.buffer) for r in rows},
-                     key=lambda c: (["chunk", "carry", "offline"].index(c[0]), c[1] or 0))
+    columns = sorted(
+        {(r.mode, r.buffer) for r in rows},
+        key=lambda c: (["chunk", "carry", "offline"].index(c[0]), c[1] or 0),
+    )
     width = 17
     head = f"{'algorithm':<31}" + "".join(
         f"{(f'{mode} N={buffer}' if buffer else mode):>{width}}" for mode, buffer in columns
@@ -116,32 +154,46 @@ def format_table(rows: Sequence[Row]) -> str:
     for algorithm in dict.fromkeys(r.algorithm for r in rows):
         cells = []
         for mode, buffer in columns:
-            row = next((r for r in rows if (r.algorithm, r.mode, r.buffer) == (algorithm, mode, buffer)), None)
-            cells.append(f"{f'{100 * row.overhead:+.1f}% {100 * row.efficiency:.1f}%':>{width}}" if row
-                         else " " * width)
+            row = next(
+                (r for r in rows if (r.algorithm, r.mode, r.buffer) == (algorithm, mode, buffer)),
+                None,
+            )
+            cells.append(
+                f"{f'{100 * row.overhead:+.1f}% {100 * row.efficiency:.1f}%':>{width}}"
+                if row
+                else " " * width
+            )
         marker = " *" if algorithm == DEFAULT_ALGORITHM else ""
         lines.append(f"{algorithm + marker:<31}" + "".join(cells))
-    lines.append("cells: packs over the lower bound / efficiency (real tokens / packs x C); "
-                 "chunk = Energon 7.4.1, * = default")
+    lines.append(
+        "cells: packs over the lower bound / efficiency (real tokens / packs x C); "
+        "chunk = Energon 7.4.1, * = default"
+    )
     return "\n".join(lines)
 
 
 def recommend(rows: Sequence[Row]) -> str:
     """The smallest buffer at which the default with carry is within 0.5 % of the bound."""
-    ours = sorted((r for r in rows if r.algorithm == DEFAULT_ALGORITHM and r.mode == "carry"),
-                  key=lambda r: r.buffer)
+    ours = sorted(
+        (r for r in rows if r.algorithm == DEFAULT_ALGORITHM and r.mode == "carry"),
+        key=lambda r: r.buffer,
+    )
     peer = [r for r in rows if r.mode == "chunk" and r.algorithm != DEFAULT_ALGORITHM]
     if not ours:
         return "no carry rows measured"
     pick_row = next((r for r in ours if r.overhead <= 0.005), ours[-1])
-    text = (f"recommended: algorithm={DEFAULT_ALGORITHM!r}, carry=True, packing_buffer_size="
-            f"{pick_row.buffer}: {100 * pick_row.overhead:+.2f}% over the lower bound, "
-            f"{100 * pick_row.efficiency:.1f}% efficient")
+    text = (
+        f"recommended: algorithm={DEFAULT_ALGORITHM!r}, carry=True, packing_buffer_size="
+        f"{pick_row.buffer}: {100 * pick_row.overhead:+.2f}% over the lower bound, "
+        f"{100 * pick_row.efficiency:.1f}% efficient"
+    )
     same = [r for r in peer if r.buffer == pick_row.buffer]
     if same:
         best_peer = min(same, key=lambda r: r.packs)
-        text += (f" (best peer at the same buffer, Energon chunking: {best_peer.algorithm} "
-                 f"{100 * best_peer.overhead:+.2f}%, {best_peer.packs - pick_row.packs:+d} packs)")
+        text += (
+            f" (best peer at the same buffer, Energon chunking: {best_peer.algorithm} "
+            f"{100 * best_peer.overhead:+.2f}%, {best_peer.packs - pick_row.packs:+d} packs)"
+        )
     return text
 
 
@@ -180,12 +232,24 @@ def loader_vs_trainer(
         padded_steps += 1
         padded_tokens += len(chunk) * max(chunk)
     return [
-        PathCost(name="loader packs", microbatches=loader_packs, computed_tokens=loader_packs * capacity,
-                 real_tokens=real),
-        PathCost(name=f"trainer packs (batch {batch_size}, {algorithm})", microbatches=trainer_bins,
-                 computed_tokens=trainer_tokens, real_tokens=real),
-        PathCost(name=f"padded batches (batch {batch_size})", microbatches=padded_steps,
-                 computed_tokens=padded_tokens, real_tokens=real),
+        PathCost(
+            name="loader packs",
+            microbatches=loader_packs,
+            computed_tokens=loader_packs * capacity,
+            real_tokens=real,
+        ),
+        PathCost(
+            name=f"trainer packs (batch {batch_size}, {algorithm})",
+            microbatches=trainer_bins,
+            computed_tokens=trainer_tokens,
+            real_tokens=real,
+        ),
+        PathCost(
+            name=f"padded batches (batch {batch_size})",
+            microbatches=padded_steps,
+            computed_tokens=padded_tokens,
+            real_tokens=real,
+        ),
     ]
 
 
@@ -193,7 +257,9 @@ def format_paths(paths: Sequence[PathCost]) -> str:
     width = max(len(p.name) for p in paths) + 2
     lines = [f"{'path':<{width}}{'microbatches':>13}{'tokens computed':>17}{'efficiency':>12}"]
     for p in paths:
-        lines.append(f"{p.name:<{width}}{p.microbatches:>13}{p.computed_tokens:>17,}{100 * p.efficiency:>11.1f}%")
+        lines.append(
+            f"{p.name:<{width}}{p.microbatches:>13}{p.computed_tokens:>17,}{100 * p.efficiency:>11.1f}%"
+        )
     return "\n".join(lines)
 
 
@@ -205,4 +271,3 @@ def format_skipped(skipped: dict[str, int], keys: dict[str, list[str]] | None = 
         example = f" (e.g. {keys[reason][0]})" if keys and keys.get(reason) else ""
         parts.append(f"{reason}: {count}{example}")
     return "skipped: " + ", ".join(parts)
-

@@ -79,7 +79,9 @@ def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
-            return _problem("non_utf8", f"the .json part is not UTF-8 ({e.reason} at byte {e.start})")
+            return _problem(
+                "non_utf8", f"the .json part is not UTF-8 ({e.reason} at byte {e.start})"
+            )
     if isinstance(data, str):
         try:
             data = json.loads(data)
@@ -96,11 +98,20 @@ def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return _problem("malformed_json", "'images' must be a list of part names")
     weight = data.get("loss_weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
-        math.isfinite(weight) and weight >= 0
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not (math.isfinite(weight) and weight >= 0)
     ):
-        return _problem("malformed_json", f"'loss_weight' must be a finite number >= 0, got {weight!r}")
-    return {"messages": messages, "image_names": names, "images": images, "loss_weight": float(weight)}
+        return _problem(
+            "malformed_json", f"'loss_weight' must be a finite number >= 0, got {weight!r}"
+        )
+    return {
+        "messages": messages,
+        "image_names": names,
+        "images": images,
+        "loss_weight": float(weight),
+    }
 
 
 def is_conversation_part(part: str) -> bool:

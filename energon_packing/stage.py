@@ -115,7 +115,10 @@ class CarryPackingDataset(PackingDataset):
             pending = len(self._pre_packing_lengths)
             reading = self._reading_buffer.len_worker()
             wants = pending < window if window else pending == 0
-            full = reading + (0 if window else self._pre_packing_buffer.len_worker()) >= self.buffer_size
+            full = (
+                reading + (0 if window else self._pre_packing_buffer.len_worker())
+                >= self.buffer_size
+            )
             if wants and reading and (exhausted or (full and self._fresh)):
                 self._select(final=exhausted)
                 pending = len(self._pre_packing_lengths)

@@ -41,7 +41,11 @@ class PackingStats:
             logger.warning(
                 "skipping sample %r (%s: %s); further %r skips are counted, not logged "
                 "(PackingTaskEncoder.stats, metrics packing/skipped/%s)",
-                key, reason, detail, reason, reason,
+                key,
+                reason,
+                detail,
+                reason,
+                reason,
             )
         self.skipped[reason] += 1
         self.events.append((key, reason))
@@ -97,8 +101,18 @@ class PackingStats:
 
 
 #: Counters that add up across workers (the rest are recomputed or maxed).
-_SUMMED = ("read", "packed", "skipped", "truncated", "truncated_tokens", "packs", "real_tokens",
-           "pack_tokens", "carry/events", "carry/emitted_after_wait")
+_SUMMED = (
+    "read",
+    "packed",
+    "skipped",
+    "truncated",
+    "truncated_tokens",
+    "packs",
+    "real_tokens",
+    "pack_tokens",
+    "carry/events",
+    "carry/emitted_after_wait",
+)
 
 
 class MetricsAggregator:
@@ -135,8 +149,12 @@ class MetricsAggregator:
                     out[key] = max(out.get(key, 0), value)
         if out:
             out["packing/workers"] = len(self._latest)
-            out["packing/efficiency"] = out["packing/real_tokens"] / out["packing/pack_tokens"] if (
-                out.get("packing/pack_tokens")) else 0.0
-            out["packing/samples_per_pack"] = out["packing/packed"] / out["packing/packs"] if (
-                out.get("packing/packs")) else 0.0
+            out["packing/efficiency"] = (
+                out["packing/real_tokens"] / out["packing/pack_tokens"]
+                if (out.get("packing/pack_tokens"))
+                else 0.0
+            )
+            out["packing/samples_per_pack"] = (
+                out["packing/packed"] / out["packing/packs"] if (out.get("packing/packs")) else 0.0
+            )
         return out

@@ -21,18 +21,43 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 COLORS = {
-    "red": (214, 48, 49), "green": (46, 160, 67), "blue": (41, 98, 255),
-    "yellow": (241, 196, 15), "orange": (230, 126, 34), "purple": (142, 68, 173),
-    "black": (20, 20, 20), "white": (245, 245, 245), "gray": (127, 140, 141),
-    "pink": (232, 67, 147), "teal": (22, 160, 133), "brown": (121, 85, 72),
+    "red": (214, 48, 49),
+    "green": (46, 160, 67),
+    "blue": (41, 98, 255),
+    "yellow": (241, 196, 15),
+    "orange": (230, 126, 34),
+    "purple": (142, 68, 173),
+    "black": (20, 20, 20),
+    "white": (245, 245, 245),
+    "gray": (127, 140, 141),
+    "pink": (232, 67, 147),
+    "teal": (22, 160, 133),
+    "brown": (121, 85, 72),
 }
 BACKGROUNDS = {
-    "light gray": (220, 221, 225), "cream": (250, 243, 221), "pale blue": (214, 234, 248),
-    "dark blue": (25, 42, 86), "mint": (213, 245, 227), "beige": (235, 222, 200),
+    "light gray": (220, 221, 225),
+    "cream": (250, 243, 221),
+    "pale blue": (214, 234, 248),
+    "dark blue": (25, 42, 86),
+    "mint": (213, 245, 227),
+    "beige": (235, 222, 200),
 }
 SHAPES = ("circle", "square", "triangle", "diamond", "rectangle")
-NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-           "eleven", "twelve")
+NUMBERS = (
+    "no",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
 
 # Short original notes on everyday topics, for the text-only turns.
 TOPICS = {
@@ -155,7 +180,9 @@ def random_scene(rng: random.Random) -> Scene:
         )
         for _ in range(rng.choice((1, 1, 2, 2, 3, 3, 4, 5, 6, 8, 12)))
     ]
-    return Scene(width=width, height=height, background=rng.choice(list(BACKGROUNDS)), shapes=shapes)
+    return Scene(
+        width=width, height=height, background=rng.choice(list(BACKGROUNDS)), shapes=shapes
+    )
 
 
 def draw(scene: Scene) -> Image.Image:
@@ -209,11 +236,15 @@ def describe(scene: Scene, rng: random.Random) -> str:
     ]
     for shape in scene.shapes:
         size = "small" if shape.size < 0.14 else ("large" if shape.size > 0.24 else "medium")
-        parts.append(rng.choice((
-            f"There is a {size} {shape.color} {shape.kind} {_where(shape)}.",
-            f"A {shape.color} {shape.kind} of {size} size sits {_where(shape)}.",
-            f"{_where(shape).capitalize()} you can see a {size} {shape.color} {shape.kind}.",
-        )))
+        parts.append(
+            rng.choice(
+                (
+                    f"There is a {size} {shape.color} {shape.kind} {_where(shape)}.",
+                    f"A {shape.color} {shape.kind} of {size} size sits {_where(shape)}.",
+                    f"{_where(shape).capitalize()} you can see a {size} {shape.color} {shape.kind}.",
+                )
+            )
+        )
     colors = sorted({s.color for s in scene.shapes})
     if len(colors) > 1:
         parts.append(f"The colours used are {', '.join(colors[:-1])} and {colors[-1]}.")
@@ -226,21 +257,31 @@ def question_answer(scene: Scene, rng: random.Random) -> tuple[str, str]:
     if kind == "count":
         target = rng.choice(SHAPES)
         count = sum(s.kind == target for s in shapes)
-        return (f"How many {target}s are in the picture?",
-                f"There {'is' if count == 1 else 'are'} {NUMBERS[count]} {_plural(target, count)}.")
+        return (
+            f"How many {target}s are in the picture?",
+            f"There {'is' if count == 1 else 'are'} {NUMBERS[count]} {_plural(target, count)}.",
+        )
     if kind == "color":
         shape = rng.choice(shapes)
         return (f"What colour is the {shape.kind} {_where(shape)}?", f"It is {shape.color}.")
     if kind == "where":
         shape = rng.choice(shapes)
-        return (f"Where is the {shape.color} {shape.kind}?", f"The {shape.color} {shape.kind} is {_where(shape)}.")
+        return (
+            f"Where is the {shape.color} {shape.kind}?",
+            f"The {shape.color} {shape.kind} is {_where(shape)}.",
+        )
     if kind == "biggest":
         big = max(shapes, key=lambda s: s.size)
-        return ("Which shape is the largest?", f"The largest one is the {big.color} {big.kind} {_where(big)}.")
+        return (
+            "Which shape is the largest?",
+            f"The largest one is the {big.color} {big.kind} {_where(big)}.",
+        )
     color = rng.choice(list(COLORS))
     present = any(s.color == color for s in shapes)
-    return (f"Is there anything {color} in the image?",
-            f"{'Yes' if present else 'No'}, {'there is' if present else 'there is nothing'} {color} in the image.")
+    return (
+        f"Is there anything {color} in the image?",
+        f"{'Yes' if present else 'No'}, {'there is' if present else 'there is nothing'} {color} in the image.",
+    )
 
 
 def essay(rng: random.Random, topic: str, sentences: int) -> str:
@@ -270,9 +311,12 @@ def conversation(rng: random.Random, key: str, *, max_images: int = 3) -> Conver
     if rng.random() < 0.4:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
     if n_images:
-        lead = rng.choice(("Look at this picture.", "Here is an image.", "Please study the images below.", ""))
+        lead = rng.choice(
+            ("Look at this picture.", "Here is an image.", "Please study the images below.", "")
+        )
         first_q, first_a = (
-            ("Describe the image in detail.", describe(scenes[0], rng)) if rng.random() < 0.5
+            ("Describe the image in detail.", describe(scenes[0], rng))
+            if rng.random() < 0.5
             else question_answer(scenes[0], rng)
         )
         if n_images > 1:
@@ -289,12 +333,20 @@ def conversation(rng: random.Random, key: str, *, max_images: int = 3) -> Conver
     else:
         topic = rng.choice(list(TOPICS))
         for turn in range(rng.choice((1, 1, 2, 3, 4))):
-            q = rng.choice((
-                f"Can you give me some advice about {topic}?",
-                f"What should a beginner know about {topic}?",
-                f"Tell me more about {topic}.",
-                f"I keep making mistakes with {topic}. Any tips?",
-            )) if turn == 0 else rng.choice(("Go on.", "Anything else?", "Can you expand on that?", "Thanks! What else?"))
+            q = (
+                rng.choice(
+                    (
+                        f"Can you give me some advice about {topic}?",
+                        f"What should a beginner know about {topic}?",
+                        f"Tell me more about {topic}.",
+                        f"I keep making mistakes with {topic}. Any tips?",
+                    )
+                )
+                if turn == 0
+                else rng.choice(
+                    ("Go on.", "Anything else?", "Can you expand on that?", "Thanks! What else?")
+                )
+            )
             sentences = int(rng.lognormvariate(1.6, 0.9)) + 1
             if rng.random() < 0.04:  # a long-form answer: a few conversations exceed 2k tokens
                 sentences = rng.randint(80, 240)
@@ -310,7 +362,10 @@ def _user(lead: str, question: str, names: list[str], hf_style: bool) -> dict:
         content.append({"type": "text", "text": text})
         return {"role": "user", "content": content}
     placeholders = "\n".join("<image>" for _ in names)
-    return {"role": "user", "content": f"{placeholders}\n{lead} {question}".replace("\n ", "\n").strip()}
+    return {
+        "role": "user",
+        "content": f"{placeholders}\n{lead} {question}".replace("\n ", "\n").strip(),
+    }
 
 
 def conversations(n: int, *, seed: int, prefix: str = "conv") -> Iterator[Conversation]:
@@ -362,9 +417,15 @@ def _overhead(tokenizer) -> int:
     from energon_packing.config import PackingConfig
     from energon_packing.encoding import encode
 
-    probe = encode(key="probe", messages=_sized_messages(1), image_names=[], images={},
-                   loss_weight=1.0, tokenizer=tokenizer,
-                   config=PackingConfig(max_input_seq_length=1 << 20))
+    probe = encode(
+        key="probe",
+        messages=_sized_messages(1),
+        image_names=[],
+        images={},
+        loss_weight=1.0,
+        tokenizer=tokenizer,
+        config=PackingConfig(max_input_seq_length=1 << 20),
+    )
     return probe.length - 1
 
 
@@ -373,7 +434,9 @@ def _sized_messages(words: int) -> list[dict]:
     return [{"role": "user", "content": "Go."}, {"role": "assistant", "content": " the" * words}]
 
 
-def sized_conversations(lengths, *, prefix: str = "sized", tokenizer=None) -> Iterator[Conversation]:
+def sized_conversations(
+    lengths, *, prefix: str = "sized", tokenizer=None
+) -> Iterator[Conversation]:
     """Text-only conversations of exactly these token lengths (bundled tokenizer), for
     benchmarks that need a length mix through the real loader."""
     from energon_packing.tokenizer import ChatTokenizer
@@ -382,5 +445,8 @@ def sized_conversations(lengths, *, prefix: str = "sized", tokenizer=None) -> It
     for index, length in enumerate(lengths):
         if length <= overhead:
             raise ValueError(f"length {length} is below the {overhead + 1}-token minimum")
-        yield Conversation(key=f"{prefix}{index:07d}",
-                           document={"messages": _sized_messages(length - overhead)}, images={})
+        yield Conversation(
+            key=f"{prefix}{index:07d}",
+            document={"messages": _sized_messages(length - overhead)},
+            images={},
+        )

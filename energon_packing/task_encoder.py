@@ -65,9 +65,7 @@ class PackedSample(Sample):
     image_source_index: torch.Tensor  # int64 [n_images]
 
 
-class PackingTaskEncoder(
-    TaskEncoder[ConversationSample, EncodedConversation, list, dict]
-):
+class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, list, dict]):
     """Packs multimodal conversations inside the Energon loader.
 
     Args:
@@ -120,7 +118,9 @@ class PackingTaskEncoder(
         )
 
     @classmethod
-    def from_config(cls, config: PackingConfig | dict, *, tokenizer: Any = None) -> PackingTaskEncoder:
+    def from_config(
+        cls, config: PackingConfig | dict, *, tokenizer: Any = None
+    ) -> PackingTaskEncoder:
         values = config.to_dict() if isinstance(config, PackingConfig) else dict(config)
         return cls(tokenizer=tokenizer, **values)
 
@@ -249,8 +249,11 @@ class PackingTaskEncoder(
         own_stage = config.balance_window or (config.carry and native_pushback() is None)
         if packing_buffer_size is None or not own_stage:
             return super().build_batch(
-                dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
-                packing_buffer_size=packing_buffer_size, worker_config=worker_config,
+                dataset,
+                batch_size=batch_size,
+                batch_drop_last=batch_drop_last,
+                packing_buffer_size=packing_buffer_size,
+                worker_config=worker_config,
             )
         stage = CarryPackingDataset(
             dataset,
@@ -263,8 +266,11 @@ class PackingTaskEncoder(
             worker_config=worker_config,
         )
         return super().build_batch(
-            stage, batch_size=batch_size, batch_drop_last=batch_drop_last,
-            packing_buffer_size=None, worker_config=worker_config,
+            stage,
+            batch_size=batch_size,
+            batch_drop_last=batch_drop_last,
+            packing_buffer_size=None,
+            worker_config=worker_config,
         )
 
     @stateless
@@ -363,23 +369,25 @@ class PackingTaskEncoder(
         positions = torch.stack([p.position_ids for p in samples])
         if positions.ndim == 3:  # mRoPE: [B, 3, C] -> [3, B, C]
             positions = positions.permute(1, 0, 2).contiguous()
-        return self._attach_accounting({
-            "input_ids": torch.stack([p.input_ids for p in samples]),
-            "input_lengths": torch.full((len(samples),), capacity, dtype=torch.int32),
-            "token_mask": torch.stack([p.token_mask for p in samples]),
-            "sample_mask": torch.tensor(
-                [float(bool((p.token_mask > 0).any())) for p in samples], dtype=torch.float32
-            ),
-            "cu_seqlens": [p.cu_seqlens for p in samples],
-            "cu_seqlens_padded": [p.cu_seqlens_padded for p in samples],
-            "position_ids": positions,
-            "padding_mask": torch.stack([p.padding_mask for p in samples]),
-            "source_ids": [list(p.source_ids) for p in samples],
-            "pixel_values": [p.pixel_values for p in samples],
-            "image_grid_thw": [p.image_grid_thw for p in samples],
-            "image_source_index": [p.image_source_index for p in samples],
-            "__restore_key__": (),
-        })
+        return self._attach_accounting(
+            {
+                "input_ids": torch.stack([p.input_ids for p in samples]),
+                "input_lengths": torch.full((len(samples),), capacity, dtype=torch.int32),
+                "token_mask": torch.stack([p.token_mask for p in samples]),
+                "sample_mask": torch.tensor(
+                    [float(bool((p.token_mask > 0).any())) for p in samples], dtype=torch.float32
+                ),
+                "cu_seqlens": [p.cu_seqlens for p in samples],
+                "cu_seqlens_padded": [p.cu_seqlens_padded for p in samples],
+                "position_ids": positions,
+                "padding_mask": torch.stack([p.padding_mask for p in samples]),
+                "source_ids": [list(p.source_ids) for p in samples],
+                "pixel_values": [p.pixel_values for p in samples],
+                "image_grid_thw": [p.image_grid_thw for p in samples],
+                "image_source_index": [p.image_source_index for p in samples],
+                "__restore_key__": (),
+            }
+        )
 
     def _batch_rows(self, samples: list[EncodedConversation]) -> dict:
         config, multiple = self.config, self.config.pad_multiple
@@ -395,9 +403,17 @@ class PackingTaskEncoder(
         width = -(-max(s.length for s in kept) // multiple) * multiple
         rows = [
             assemble(
-                [SourceTokens(key=s.__key__, input_ids=s.input_ids, token_mask=s.token_mask,
-                              grids=[grid for _, grid in images])],
-                capacity=width, pad_multiple=multiple, pad_id=self.tokenizer.special.pad,
+                [
+                    SourceTokens(
+                        key=s.__key__,
+                        input_ids=s.input_ids,
+                        token_mask=s.token_mask,
+                        grids=[grid for _, grid in images],
+                    )
+                ],
+                capacity=width,
+                pad_multiple=multiple,
+                pad_id=self.tokenizer.special.pad,
                 mrope=self._mrope,
             )
             for s, images in zip(kept, decoded)

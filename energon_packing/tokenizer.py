@@ -94,7 +94,12 @@ class ChatTokenizer:
         return found
 
     def __getstate__(self) -> dict:
-        return {"name": self.name, "inner": self._inner, "is_hf": self._is_hf, "special": self.special}
+        return {
+            "name": self.name,
+            "inner": self._inner,
+            "is_hf": self._is_hf,
+            "special": self.special,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.name, self._inner = state["name"], state["inner"]

@@ -41,7 +41,9 @@ class TolerantReader:
 
     def _shard(self, index: int) -> str:
         try:
-            return str(self.reader.tar_filenames[self.reader._get_itar_sample_pointer(index).tar_file_id])
+            return str(
+                self.reader.tar_filenames[self.reader._get_itar_sample_pointer(index).tar_file_id]
+            )
         except Exception:  # the index itself may be what is broken
             return "unknown-shard"
 

@@ -40,11 +40,24 @@ BOUNDARY_KEYS = ("cu_seqlens", "cu_seqlens_padded")
 MICRO_BATCH_INDICES = "MICRO_BATCH_INDICES"
 MICRO_BATCH_LENGTHS = "MICRO_BATCH_LENGTHS"
 #: Keys that describe the batch, not the model's input: never forwarded to the model.
-BOOKKEEPING_KEYS = frozenset({
-    "cu_seqlens", "cu_seqlens_padded", "source_ids", "input_lengths", "token_mask",
-    "sample_mask", "padding_mask", "image_source_index", "__restore_key__", "__key__",
-    "packing_metrics", "packing_skipped", MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS,
-})
+BOOKKEEPING_KEYS = frozenset(
+    {
+        "cu_seqlens",
+        "cu_seqlens_padded",
+        "source_ids",
+        "input_lengths",
+        "token_mask",
+        "sample_mask",
+        "padding_mask",
+        "image_source_index",
+        "__restore_key__",
+        "__key__",
+        "packing_metrics",
+        "packing_skipped",
+        MICRO_BATCH_INDICES,
+        MICRO_BATCH_LENGTHS,
+    }
+)
 
 
 @dataclass
@@ -89,7 +102,9 @@ def make_packed_seq_params(
     fallback); :attr:`Microbatch.pad_between_seqs` carries it either way.
     """
     if boundary not in BOUNDARY_MODES:
-        raise ValueError(f"boundary={boundary!r} is not valid; choose one of {', '.join(BOUNDARY_MODES)}")
+        raise ValueError(
+            f"boundary={boundary!r} is not valid; choose one of {', '.join(BOUNDARY_MODES)}"
+        )
     cu = cu_seqlens.to(torch.int32)
     padded = cu_seqlens_padded.to(torch.int32)
     q = padded if boundary == "padded" else cu
@@ -97,9 +112,15 @@ def make_packed_seq_params(
     cls = packed_seq_params_class()
     fields = {f.name for f in dataclasses.fields(cls)}
     values = dict(
-        qkv_format="thd", cu_seqlens_q=q, cu_seqlens_kv=q, cu_seqlens_q_padded=padded,
-        cu_seqlens_kv_padded=padded, max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen,
-        local_cp_size=cp_size, cp_group=cp_group,
+        qkv_format="thd",
+        cu_seqlens_q=q,
+        cu_seqlens_kv=q,
+        cu_seqlens_q_padded=padded,
+        cu_seqlens_kv_padded=padded,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_seqlen,
+        local_cp_size=cp_size,
+        cp_group=cp_group,
         pad_between_seqs=bool(boundary == "real" and not torch.equal(cu, padded)),
     )
     return cls(**{k: v for k, v in values.items() if k in fields})
@@ -165,7 +186,9 @@ def is_prepacked(batch: Mapping[str, Any]) -> bool:
     return bool(present)
 
 
-def validate_prepacked(batch: Mapping[str, Any], *, pad_multiple: int = 1, cp_size: int = 1) -> None:
+def validate_prepacked(
+    batch: Mapping[str, Any], *, pad_multiple: int = 1, cp_size: int = 1
+) -> None:
     """Raises :class:`PackContractError` (key, numbers, ``source_ids``) unless every pack of the
     batch meets the contract."""
     if not is_prepacked(batch):
@@ -177,15 +200,21 @@ def validate_prepacked(batch: Mapping[str, Any], *, pad_multiple: int = 1, cp_si
     rows, width = ids.shape
     for key in ("cu_seqlens", "cu_seqlens_padded", "source_ids"):
         if len(batch[key]) != rows:
-            raise PackContractError(f"{key}: {len(batch[key])} entries for {rows} packs "
-                                    f"(source_ids={batch['source_ids']})")
+            raise PackContractError(
+                f"{key}: {len(batch[key])} entries for {rows} packs "
+                f"(source_ids={batch['source_ids']})"
+            )
     if tuple(batch["token_mask"].shape) != (rows, width):
-        raise PackContractError(f"token_mask: shape {tuple(batch['token_mask'].shape)} != "
-                                f"input_ids {(rows, width)} (source_ids={batch['source_ids']})")
+        raise PackContractError(
+            f"token_mask: shape {tuple(batch['token_mask'].shape)} != "
+            f"input_ids {(rows, width)} (source_ids={batch['source_ids']})"
+        )
     if "input_lengths" in batch and (torch.as_tensor(batch["input_lengths"]) != width).any():
-        raise PackContractError(f"input_lengths: {torch.as_tensor(batch['input_lengths']).tolist()}, "
-                                f"a prepacked row always counts as {width} "
-                                f"(source_ids={batch['source_ids']})")
+        raise PackContractError(
+            f"input_lengths: {torch.as_tensor(batch['input_lengths']).tolist()}, "
+            f"a prepacked row always counts as {width} "
+            f"(source_ids={batch['source_ids']})"
+        )
     for row in range(rows):
         check_pack(
             input_ids=ids[row].numpy(),
@@ -213,10 +242,21 @@ def _vision_index(ids: torch.Tensor, image_token_id: int | None) -> torch.Tensor
 
 
 def _finish(
-    *, ids: torch.Tensor, positions: torch.Tensor, token_mask: torch.Tensor,
-    cu: torch.Tensor | None, cu_padded: torch.Tensor | None, pixel_values: Any, grids: Any,
-    source_ids: list, rows: tuple, image_token_id: int | None, boundary: str,
-    cp_size: int, cp_rank: int, cp_group: Any,
+    *,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    token_mask: torch.Tensor,
+    cu: torch.Tensor | None,
+    cu_padded: torch.Tensor | None,
+    pixel_values: Any,
+    grids: Any,
+    source_ids: list,
+    rows: tuple,
+    image_token_id: int | None,
+    boundary: str,
+    cp_size: int,
+    cp_rank: int,
+    cp_group: Any,
 ) -> Microbatch:
     """Labels, CP slice and attention params for one flat row (``ids [T]``)."""
     labels = torch.roll(ids, -1)
@@ -224,8 +264,9 @@ def _finish(
     vision = _vision_index(ids, image_token_id)
     params = None
     if cu is not None:
-        params = make_packed_seq_params(cu, cu_padded, boundary=boundary, cp_size=cp_size,
-                                        cp_group=cp_group)
+        params = make_packed_seq_params(
+            cu, cu_padded, boundary=boundary, cp_size=cp_size, cp_group=cp_group
+        )
         keep = cp_indices(cu_padded, cp_size, cp_rank)
         ids, labels, loss_mask = ids[keep], labels[keep], loss_mask[keep]
         positions = positions[..., keep]
@@ -238,10 +279,15 @@ def _finish(
         if vision is not None:
             inputs["vision_token_index"] = vision.unsqueeze(0)
     return Microbatch(
-        model_inputs=inputs, labels=labels.unsqueeze(0), loss_mask=loss_mask.unsqueeze(0),
-        source_ids=source_ids, rows=rows, length=int(cu_padded[-1]) if cu_padded is not None else len(labels),
+        model_inputs=inputs,
+        labels=labels.unsqueeze(0),
+        loss_mask=loss_mask.unsqueeze(0),
+        source_ids=source_ids,
+        rows=rows,
+        length=int(cu_padded[-1]) if cu_padded is not None else len(labels),
         real_tokens=int(cu[-1]) if cu is not None else len(labels),
-        cu_seqlens=cu, cu_seqlens_padded=cu_padded,
+        cu_seqlens=cu,
+        cu_seqlens_padded=cu_padded,
         pad_between_seqs=params is not None and pad_between_seqs(params),
     )
 
@@ -291,8 +337,13 @@ def microbatches(
             f"pad_multiple={pad_multiple} must be a multiple of 2*cp_size={2 * cp_size} so every "
             f"padded source splits evenly across context-parallel ranks"
         )
-    common = dict(image_token_id=image_token_id, boundary=boundary, cp_size=cp_size,
-                  cp_rank=cp_rank, cp_group=cp_group)
+    common = dict(
+        image_token_id=image_token_id,
+        boundary=boundary,
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+        cp_group=cp_group,
+    )
     if is_prepacked(batch):
         if validate:
             validate_prepacked(batch, pad_multiple=pad_multiple, cp_size=cp_size)
@@ -301,13 +352,16 @@ def microbatches(
         batch[MICRO_BATCH_LENGTHS] = [[width] * rows]
         return [
             _finish(
-                ids=batch["input_ids"][i], positions=_row_positions(batch["position_ids"], i),
+                ids=batch["input_ids"][i],
+                positions=_row_positions(batch["position_ids"], i),
                 token_mask=batch["token_mask"][i],
                 cu=torch.as_tensor(batch["cu_seqlens"][i]),
                 cu_padded=torch.as_tensor(batch["cu_seqlens_padded"][i]),
                 pixel_values=_per_row(batch, "pixel_values", i),
                 grids=_per_row(batch, "image_grid_thw", i),
-                source_ids=list(batch["source_ids"][i]), rows=(i,), **common,
+                source_ids=list(batch["source_ids"][i]),
+                rows=(i,),
+                **common,
             )
             for i in range(rows)
         ]
@@ -329,7 +383,9 @@ def _padded_lengths(batch: Mapping[str, Any], pad_multiple: int) -> list[int]:
     return [-(-n // pad_multiple) * pad_multiple for n in lengths]
 
 
-def _bin_rows(batch, token_budget: int, algorithm: str, dp_size: int, pad_multiple: int) -> list[list[int]]:
+def _bin_rows(
+    batch, token_budget: int, algorithm: str, dp_size: int, pad_multiple: int
+) -> list[list[int]]:
     """NeMo-RL's get_packer: rows binned by a token budget; bin count a multiple of dp_size."""
     padded = _padded_lengths(batch, pad_multiple)
     too_long = [(i, n) for i, n in enumerate(padded) if n > token_budget]
@@ -379,12 +435,18 @@ def _squeeze(
     pixels = [batch["pixel_values"][r] for r in rows] if batch.get("pixel_values") else None
     grids = [batch["image_grid_thw"][r] for r in rows] if batch.get("image_grid_thw") else None
     return _finish(
-        ids=ids, positions=positions, token_mask=mask,
-        cu=torch.tensor(cu, dtype=torch.int32), cu_padded=torch.tensor(cu_padded, dtype=torch.int32),
+        ids=ids,
+        positions=positions,
+        token_mask=mask,
+        cu=torch.tensor(cu, dtype=torch.int32),
+        cu_padded=torch.tensor(cu_padded, dtype=torch.int32),
         pixel_values=torch.cat(pixels) if pixels else None,
         grids=torch.cat(grids) if grids else None,
-        source_ids=[k for r in rows for k in batch["source_ids"][r]] if "source_ids" in batch else [],
-        rows=tuple(rows), **common,
+        source_ids=[k for r in rows for k in batch["source_ids"][r]]
+        if "source_ids" in batch
+        else [],
+        rows=tuple(rows),
+        **common,
     )
 
 
@@ -399,10 +461,12 @@ def _padded_rows(batch, image_token_id: int | None) -> Microbatch:
         if vision is not None:
             inputs["vision_token_index"] = vision.view_as(ids)
     return Microbatch(
-        model_inputs=inputs, labels=torch.roll(ids, -1, dims=-1),
+        model_inputs=inputs,
+        labels=torch.roll(ids, -1, dims=-1),
         loss_mask=torch.roll(batch["token_mask"], -1, dims=-1),
         source_ids=[k for keys in batch.get("source_ids", []) for k in keys],
-        rows=tuple(range(ids.shape[0])), length=ids.shape[1],
+        rows=tuple(range(ids.shape[0])),
+        length=ids.shape[1],
         real_tokens=int(torch.as_tensor(batch["input_lengths"]).sum()),
     )
 
@@ -429,7 +493,9 @@ def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict
     }
 
 
-def align_ranks(batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None):
+def align_ranks(
+    batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None
+):
     """Yields a rank's batches until *every* data-parallel rank is out of data; a rank that is
     out early yields :func:`filler_batch` meanwhile. Ranks pack their own data, so their pack
     counts differ by a few per epoch; without this the longer rank waits forever in its next
@@ -488,4 +554,3 @@ def check_model_inputs(inputs: Mapping[str, Any]) -> None:
 
 def global_valid_tokens(batches: Sequence[Microbatch]) -> int:
     return sum(mb.valid_tokens for mb in batches)
-

@@ -104,7 +104,9 @@ def probe(data: bytes) -> tuple[int, int]:
     except Image.DecompressionBombError as e:
         raise ImageError("image_too_large", f"image refused by PIL's size guard: {e}") from None
     except Exception as e:  # PIL raises several types for bad headers
-        raise ImageError("corrupt_image", f"image header unreadable ({type(e).__name__}: {e})") from None
+        raise ImageError(
+            "corrupt_image", f"image header unreadable ({type(e).__name__}: {e})"
+        ) from None
     if width < 1 or height < 1:
         raise ImageError("corrupt_image", f"image has zero size ({width}x{height} px)")
     return width, height
@@ -139,7 +141,9 @@ def patchify(data: bytes, config: VisionConfig) -> tuple[np.ndarray, tuple[int, 
         with Image.open(io.BytesIO(data)) as opened:
             image = _to_rgb(opened)
     except Exception as e:
-        raise ImageError("corrupt_image", f"image does not decode ({type(e).__name__}: {e})") from None
+        raise ImageError(
+            "corrupt_image", f"image does not decode ({type(e).__name__}: {e})"
+        ) from None
     width, height = image.size
     resized_h, resized_w = smart_resize(height, width, config)
     image = image.resize((resized_w, resized_h), resample=Image.Resampling.BICUBIC)

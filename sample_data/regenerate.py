@@ -26,7 +26,11 @@ def main() -> None:
     write_shards(HERE / "shards", conversations(COUNT, seed=SEED, prefix="sample"), per_shard=100)
     prepare_dataset(
         HERE,
-        split_parts=["train:shards/.*", "val:shards/shard-00003.tar", "test:shards/shard-00003.tar"],
+        split_parts=[
+            "train:shards/.*",
+            "val:shards/shard-00003.tar",
+            "test:shards/shard-00003.tar",
+        ],
     )
     print(f"wrote {COUNT} conversations to {HERE}")
 

@@ -19,8 +19,9 @@ def _no_leftover_loader_workers():
 @pytest.fixture(scope="session")
 def synth_dataset(tmp_path_factory):
     """120 generated conversations (0-3 images, both content styles) in 3 shards, prepared."""
-    from energon_packing.synth import conversations
     from helpers import make_dataset
+
+    from energon_packing.synth import conversations
 
     return make_dataset(tmp_path_factory.mktemp("synth"), conversations(120, seed=7), per_shard=40)
 

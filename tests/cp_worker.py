@@ -16,16 +16,23 @@ def run(rank: int, world_size: int, port: int, inputs_path: str, out_path: str) 
     )
     try:
         payload = torch.load(inputs_path, weights_only=False)
-        model = TinyVLM(TinyConfig(**payload["config"]), seed=payload["seed"], dtype=torch.float64).eval()
+        model = TinyVLM(
+            TinyConfig(**payload["config"]), seed=payload["seed"], dtype=torch.float64
+        ).eval()
         results = []
         with torch.no_grad():
             for batch in payload["batches"]:
-                (mb,) = microbatches(batch, cp_size=world_size, cp_rank=rank,
-                                     pad_multiple=payload["pad_multiple"],
-                                     image_token_id=payload["image_token_id"])
+                (mb,) = microbatches(
+                    batch,
+                    cp_size=world_size,
+                    cp_rank=rank,
+                    pad_multiple=payload["pad_multiple"],
+                    image_token_id=payload["image_token_id"],
+                )
                 logits = model(**mb.model_inputs)[0]
                 keep = cp_indices(mb.cu_seqlens_padded, world_size, rank)
                 results.append((keep, logits))
         torch.save(results, f"{out_path}.{rank}")
     finally:
+        dist.barrier()  # no rank closes its sockets while a peer still reads the last collective
         dist.destroy_process_group()

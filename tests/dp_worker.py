@@ -16,24 +16,42 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
     from energon_packing import PackingTaskEncoder
     from energon_packing.trainer import FILLER_KEY, align_ranks, check_microbatches, microbatches
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     try:
         te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=4, carry=True)
-        worker_config = WorkerConfig.default_worker_config(num_workers=0)  # rank from the process group
+        worker_config = WorkerConfig.default_worker_config(
+            num_workers=0
+        )  # rank from the process group
         dataset = get_train_dataset(
-            path, worker_config=worker_config, batch_size=1, packing_buffer_size=16, task_encoder=te,
-            shuffle_buffer_size=None, max_samples_per_sequence=None, repeat=False,
+            path,
+            worker_config=worker_config,
+            batch_size=1,
+            packing_buffer_size=16,
+            task_encoder=te,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            repeat=False,
         )
         steps, keys, skipped = [], [], []
-        for batch in align_ranks(get_loader(dataset), capacity=2048, pad_id=te.tokenizer.special.pad):
+        for batch in align_ranks(
+            get_loader(dataset), capacity=2048, pad_id=te.tokenizer.special.pad
+        ):
             skipped += [key for key, _ in batch.get("packing_skipped", ())]
             mbs = microbatches(batch, pad_multiple=4)
             check_microbatches(mbs)
             steps.append([list(mb.model_inputs["input_ids"].shape) for mb in mbs])
             keys += [k for mb in mbs for k in mb.source_ids if k != FILLER_KEY]
-        result = {"rank": worker_config.rank, "world_size": worker_config.world_size, "steps": steps,
-                  "keys": keys, "skipped": skipped + [k for k, _ in te.stats.drain()]}
+        result = {
+            "rank": worker_config.rank,
+            "world_size": worker_config.world_size,
+            "steps": steps,
+            "keys": keys,
+            "skipped": skipped + [k for k, _ in te.stats.drain()],
+        }
     finally:
+        dist.barrier()  # no rank closes its sockets while a peer still reads the last collective
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
@@ -42,12 +60,14 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
 def mismatch(rank: int, world_size: int, port: int, out: str) -> None:
     """Rank 1 brings two microbatches to a step where rank 0 brings one."""
     import torch.distributed as dist
+    from test_trainer import design_note_pack
 
     from energon_packing.contract import PackContractError
     from energon_packing.trainer import check_microbatches, microbatches
-    from test_trainer import design_note_pack
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     try:
         mbs = microbatches(design_note_pack()) * (1 + rank)
         try:
@@ -58,6 +78,7 @@ def mismatch(rank: int, world_size: int, port: int, out: str) -> None:
         except Exception:
             outcome = traceback.format_exc()
     finally:
+        dist.barrier()  # no rank closes its sockets while a peer still reads the last collective
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
         f.write(outcome)

@@ -54,9 +54,17 @@ def loader_batches(
     savable: bool = False,
 ):
     """The real Energon loader over one finite epoch of the train split."""
-    return epoch(path, task_encoder, packing_buffer_size=buffer, batch_size=batch_size,
-                 num_workers=workers, rank=rank, world_size=world_size,
-                 dataset_config=dataset_config, savable=savable)
+    return epoch(
+        path,
+        task_encoder,
+        packing_buffer_size=buffer,
+        batch_size=batch_size,
+        num_workers=workers,
+        rank=rank,
+        world_size=world_size,
+        dataset_config=dataset_config,
+        savable=savable,
+    )
 
 
 def check_batch(batch: dict, task_encoder) -> None:

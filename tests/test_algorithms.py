@@ -47,10 +47,17 @@ def test_algorithm_registry():
 def test_concatenative_keeps_stream_order():
     # NeMo-RL's docstring example: seq_length 5 and 8
     assert pack([4, 1, 3, 2, 1, 3, 4, 5], 5, algorithm="concatenative") == [
-        [0, 1], [2, 3], [4, 5], [6], [7],
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6],
+        [7],
     ]
     assert pack([4, 1, 3, 2, 1, 3, 4, 5], 8, algorithm="concatenative") == [
-        [0, 1, 2], [3, 4, 5], [6], [7],
+        [0, 1, 2],
+        [3, 4, 5],
+        [6],
+        [7],
     ]
 
 
@@ -58,7 +65,11 @@ def test_mffd_phases():
     # large 5,4,4,3,3 each open a pack; the medium 2 only fits beside a 3 (phase 2); the two
     # smalls (1, 1) go together, backwards, into the last pack without a medium (phase 3).
     assert pack([4, 1, 3, 2, 1, 3, 4, 5], 5, algorithm="modified_first_fit_decreasing") == [
-        [7], [0], [6], [2, 3], [5, 1, 4],
+        [7],
+        [0],
+        [6],
+        [2, 3],
+        [5, 1, 4],
     ]
 
 
@@ -78,7 +89,9 @@ def test_first_fit_shuffle_is_seeded():
 
 def test_balanced_delta_preallocates_packs():
     assert pack([6, 5, 4, 3, 2], 10, algorithm="balanced_greedy_knapsack", delta=1) == [
-        [0], [1, 4], [2, 3],
+        [0],
+        [1, 4],
+        [2, 3],
     ]
     # never returns empty packs, even when delta pre-allocates more packs than items
     assert pack([1, 1], 10, algorithm="balanced_greedy_knapsack", delta=5) == [[0], [1]]
@@ -88,7 +101,10 @@ def test_subset_fill_beats_first_fit_on_chunky_lengths():
     # FFD: 6+4 | 5+4 (9) | 3+3+3 (9) | 2. The subset-sum closes every pack exactly.
     lengths = [6, 5, 4, 4, 3, 3, 3, 2]  # total 30 = 3 full packs of 10
     assert pack(lengths, 10, algorithm="first_fit_decreasing") == [
-        [0, 2], [1, 3], [4, 5, 6], [7],
+        [0, 2],
+        [1, 3],
+        [4, 5, 6],
+        [7],
     ]
     assert pack(lengths, 10) == [[0, 2], [1, 4, 7], [3, 6, 5]]
     assert lower_bound(lengths, 10) == 3
@@ -245,8 +261,10 @@ class Counting:
 def test_stream_without_carry_is_energon_chunking():
     lengths = [6, 5, 4, 3, 2, 9, 1, 8]
     assert list(pack_stream(lengths, 10, buffer_size=5)) == [
-        [0, 2], [1, 3, 4],  # first buffer: items 0..4
-        [5, 6], [7],  # last, partial buffer: flushed
+        [0, 2],
+        [1, 3, 4],  # first buffer: items 0..4
+        [5, 6],
+        [7],  # last, partial buffer: flushed
     ]
 
 
@@ -278,7 +296,11 @@ def test_stream_invariants(carry, algorithm, instance, buffer_size, max_carries)
     emitted = 0
     groups = []
     for group in pack_stream(
-        source, capacity, buffer_size=buffer_size, algorithm=algorithm, carry=policy,
+        source,
+        capacity,
+        buffer_size=buffer_size,
+        algorithm=algorithm,
+        carry=policy,
         max_per_pack=max_per_pack,
     ):
         assert source.pulled - emitted <= buffer_size, "buffer never above buffer_size"
@@ -288,8 +310,16 @@ def test_stream_invariants(carry, algorithm, instance, buffer_size, max_carries)
         emitted += len(group)
         groups.append(group)
     check_packing(groups, lengths, capacity, max_per_pack)
-    again = list(pack_stream(lengths, capacity, buffer_size=buffer_size, algorithm=algorithm,
-                             carry=policy, max_per_pack=max_per_pack))
+    again = list(
+        pack_stream(
+            lengths,
+            capacity,
+            buffer_size=buffer_size,
+            algorithm=algorithm,
+            carry=policy,
+            max_per_pack=max_per_pack,
+        )
+    )
     assert groups == again
 
 

@@ -28,9 +28,13 @@ def test_worked_example_from_the_contract():
 
 def test_images_keep_their_owner():
     spec = MRope(vision_start_id=3, image_pad_id=5)
-    a = SourceTokens(key="a", input_ids=[1, 3, 5, 5, 5, 5, 4, 9], token_mask=[0] * 7 + [1], grids=[(1, 4, 4)])
+    a = SourceTokens(
+        key="a", input_ids=[1, 3, 5, 5, 5, 5, 4, 9], token_mask=[0] * 7 + [1], grids=[(1, 4, 4)]
+    )
     b = SourceTokens(key="b", input_ids=[1, 9, 9], token_mask=[0, 1, 1])
-    c = SourceTokens(key="c", input_ids=[1, 3, 5, 4, 9], token_mask=[0, 0, 0, 0, 1], grids=[(1, 2, 2)])
+    c = SourceTokens(
+        key="c", input_ids=[1, 3, 5, 4, 9], token_mask=[0, 0, 0, 0, 1], grids=[(1, 2, 2)]
+    )
     pack = assemble([a, b, c], capacity=32, pad_multiple=2, pad_id=0, mrope=spec)
     assert pack.image_source_index.tolist() == [0, 2]
     assert pack.image_grid_thw.tolist() == [[1, 4, 4], [1, 2, 2]]
@@ -81,9 +85,13 @@ def test_any_group_that_fits_meets_every_invariant(group):
         return
     pack = assemble(sources, capacity=capacity, pad_multiple=pad_multiple, pad_id=0, check=False)
     check_pack(
-        input_ids=pack.input_ids, token_mask=pack.token_mask, cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_padded=pack.cu_seqlens_padded, source_ids=pack.source_ids,
-        padding_mask=pack.padding_mask, pad_multiple=pad_multiple,
+        input_ids=pack.input_ids,
+        token_mask=pack.token_mask,
+        cu_seqlens=pack.cu_seqlens,
+        cu_seqlens_padded=pack.cu_seqlens_padded,
+        source_ids=pack.source_ids,
+        padding_mask=pack.padding_mask,
+        pad_multiple=pad_multiple,
     )
     assert pack.input_ids.shape == (capacity,)
     real = np.diff(pack.cu_seqlens)
@@ -96,14 +104,22 @@ def test_any_group_that_fits_meets_every_invariant(group):
 
 def _pack(**overrides):
     pack = assemble(
-        [SourceTokens(key="a", input_ids=[1] * 5, token_mask=[1.0] * 5),
-         SourceTokens(key="b", input_ids=[2] * 6, token_mask=[1.0] * 6)],
-        capacity=16, pad_multiple=2, pad_id=0,
+        [
+            SourceTokens(key="a", input_ids=[1] * 5, token_mask=[1.0] * 5),
+            SourceTokens(key="b", input_ids=[2] * 6, token_mask=[1.0] * 6),
+        ],
+        capacity=16,
+        pad_multiple=2,
+        pad_id=0,
     )
     fields = dict(
-        input_ids=pack.input_ids, token_mask=pack.token_mask, cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_padded=pack.cu_seqlens_padded, source_ids=pack.source_ids,
-        padding_mask=pack.padding_mask, pad_multiple=2,
+        input_ids=pack.input_ids,
+        token_mask=pack.token_mask,
+        cu_seqlens=pack.cu_seqlens,
+        cu_seqlens_padded=pack.cu_seqlens_padded,
+        source_ids=pack.source_ids,
+        padding_mask=pack.padding_mask,
+        pad_multiple=2,
     )
     fields.update(overrides)
     return fields
@@ -114,11 +130,20 @@ def _pack(**overrides):
     [
         (dict(cu_seqlens_padded=np.array([0, 6, 15])), r"last entry 15 != pack width 16"),
         (dict(cu_seqlens=np.array([0, 5, 5])), r"strictly increasing"),
-        (dict(cu_seqlens=np.array([0, 7, 13])), r"source 0 has 7 real tokens but a padded extent of 6"),
-        (dict(cu_seqlens_padded=np.array([0, 5, 16])), r"source 0 padded to 5, not a multiple of pad_multiple=2"),
+        (
+            dict(cu_seqlens=np.array([0, 7, 13])),
+            r"source 0 has 7 real tokens but a padded extent of 6",
+        ),
+        (
+            dict(cu_seqlens_padded=np.array([0, 5, 16])),
+            r"source 0 padded to 5, not a multiple of pad_multiple=2",
+        ),
         (dict(source_ids=["a"]), r"1 ids for 2 sources"),
         (dict(token_mask=np.ones(16, dtype=np.float32)), r"first token of source 0 .* is trained"),
-        (dict(cp_size=2), r"source 0 has padded length 6, not divisible by 2\*cp_size=4; set pad_multiple"),
+        (
+            dict(cp_size=2),
+            r"source 0 has padded length 6, not divisible by 2\*cp_size=4; set pad_multiple",
+        ),
     ],
 )
 def test_contract_errors_name_key_numbers_and_sources(overrides, message):

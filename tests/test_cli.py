@@ -7,6 +7,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
+from helpers import SAMPLE_DATA, loader_batches
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.algorithms import lower_bound
@@ -15,7 +16,6 @@ from energon_packing.picture import describe, layout
 from energon_packing.prepare import YAMLS
 from energon_packing.report import format_table, measure_costs, packing_table
 from energon_packing.synth import conversations, write_shards
-from helpers import SAMPLE_DATA, loader_batches
 
 
 def invoke(*args):
@@ -40,21 +40,43 @@ def test_demo_reports_the_librarys_numbers(tmp_path):
     batches = list(loader_batches(SAMPLE_DATA, te, buffer=64))
     measured = measure_costs(SAMPLE_DATA, PackingTaskEncoder(**knobs), progress=False)
     bound = lower_bound(measured.costs, 2048)
-    assert f"{te.stats.read} conversations read, {te.stats.packed} packed into {len(batches)} packs" in output
-    assert f"lower bound {bound} packs, so {100 * (len(batches) / bound - 1):+.2f} % over it" in output
+    assert (
+        f"{te.stats.read} conversations read, {te.stats.packed} packed into {len(batches)} packs"
+        in output
+    )
+    assert (
+        f"lower bound {bound} packs, so {100 * (len(batches) / bound - 1):+.2f} % over it" in output
+    )
     assert f"efficiency {100 * te.stats.efficiency:.1f} % real tokens" in output
     assert f"overlong: {te.stats.skipped['overlong']}" in output
     assert format_table(packing_table(measured, buffers=(64, 256))) in output
-    assert re.search(r"^loader packs\s+" + str(len(batches)) + r"\s+" + f"{len(batches) * 2048:,}", output, re.M)
+    assert re.search(
+        r"^loader packs\s+" + str(len(batches)) + r"\s+" + f"{len(batches) * 2048:,}", output, re.M
+    )
     assert "trainer packs (batch 16, modified_first_fit_decreasing)" in output
 
 
 def test_stats_table_equals_the_library(synth_dataset):
-    output = invoke("stats", synth_dataset, "--capacity", 2048, "--buffer", 16, "--buffer", 64,
-                    "--algorithm", "subset_fill", "--algorithm", "first_fit_decreasing")
-    measured = measure_costs(synth_dataset, PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8),
-                             progress=False)
-    rows = packing_table(measured, algorithms=("subset_fill", "first_fit_decreasing"), buffers=(16, 64))
+    output = invoke(
+        "stats",
+        synth_dataset,
+        "--capacity",
+        2048,
+        "--buffer",
+        16,
+        "--buffer",
+        64,
+        "--algorithm",
+        "subset_fill",
+        "--algorithm",
+        "first_fit_decreasing",
+    )
+    measured = measure_costs(
+        synth_dataset, PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8), progress=False
+    )
+    rows = packing_table(
+        measured, algorithms=("subset_fill", "first_fit_decreasing"), buffers=(16, 64)
+    )
     assert format_table(rows) in output
     assert f"{len(measured.costs)} conversations" in output
     assert "recommended: algorithm='subset_fill', carry=True" in output
@@ -62,10 +84,14 @@ def test_stats_table_equals_the_library(synth_dataset):
 
 def test_preview_prints_the_packs_it_draws(synth_dataset, tmp_path):
     picture = tmp_path / "preview.png"
-    output = invoke("preview", synth_dataset, "--capacity", 2048, "--packs", 3, "--picture", picture)
+    output = invoke(
+        "preview", synth_dataset, "--capacity", 2048, "--packs", 3, "--picture", picture
+    )
     te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8, carry=True)
     batches = list(itertools.islice(loader_batches(synth_dataset, te, buffer=64), 3))
-    expected = describe([layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches])
+    expected = describe(
+        [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
+    )
     assert expected in output
     assert expected.count("pack ") == 3 and "image" in expected
     assert picture.exists()
@@ -76,15 +102,20 @@ def test_bench_losses_agree_between_loader_and_trainer_packs(tmp_path):
     output = invoke("bench", "--steps", 3, "--hidden", 32, "--picture", picture)
     rows = {}
     for line in output.splitlines():
-        match = re.match(r"^(loader packs|trainer packs|padded batches)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)%"
-                         r"\s+([\d,]+)\s+([\d.]+)\s+([\d.e+-]+)$", line)
+        match = re.match(
+            r"^(loader packs|trainer packs|padded batches)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)%"
+            r"\s+([\d,]+)\s+([\d.]+)\s+([\d.e+-]+)$",
+            line,
+        )
         if match:
             rows[match.group(1)] = match.groups()[1:]
     assert set(rows) == {"loader packs", "trainer packs", "padded batches"}
     real = {name: int(v[0].replace(",", "")) for name, v in rows.items()}
     assert len(set(real.values())) == 1, "every path trains on the same conversations"
     assert int(rows["loader packs"][1].replace(",", "")) == 3 * 2048
-    assert int(rows["padded batches"][1].replace(",", "")) > int(rows["trainer packs"][1].replace(",", ""))
+    assert int(rows["padded batches"][1].replace(",", "")) > int(
+        rows["trainer packs"][1].replace(",", "")
+    )
     for name in ("trainer packs", "padded batches"):
         assert float(rows[name][5]) < 1e-4, f"{name} loss drifts from the loader path"
     assert picture.exists()

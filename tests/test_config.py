@@ -17,7 +17,9 @@ from energon_packing.synth import conversations
 
 
 def test_unknown_keys_raise_and_list_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown packing option\(s\) 'buffer'; valid options: .*pad_multiple"):
+    with pytest.raises(
+        ValueError, match=r"unknown packing option\(s\) 'buffer'; valid options: .*pad_multiple"
+    ):
         PackingConfig.from_dict({"max_input_seq_length": 1024, "buffer": 3})
     with pytest.raises(ValueError, match="unknown packing option"):
         PackingTaskEncoder(max_input_seq_length=1024, pad_multple=8)
@@ -26,14 +28,25 @@ def test_unknown_keys_raise_and_list_the_valid_ones():
 @pytest.mark.parametrize(
     "knobs, message",
     [
-        (dict(max_input_seq_length=1000, pad_multiple=16),
-         r"max_input_seq_length=1000 is not a multiple of pad_multiple=16.*Use max_input_seq_length=992"),
+        (
+            dict(max_input_seq_length=1000, pad_multiple=16),
+            r"max_input_seq_length=1000 is not a multiple of pad_multiple=16.*Use max_input_seq_length=992",
+        ),
         (dict(max_input_seq_length=0), "max_input_seq_length must be a positive integer, got 0"),
-        (dict(max_input_seq_length=64, overlong="cut"), "overlong='cut' is not valid; choose one of drop, truncate, error"),
+        (
+            dict(max_input_seq_length=64, overlong="cut"),
+            "overlong='cut' is not valid; choose one of drop, truncate, error",
+        ),
         (dict(max_input_seq_length=64, algorithm="nope"), "unknown packing algorithm 'nope'"),
-        (dict(max_input_seq_length=64, delta=2), "delta=2 only applies to algorithm='balanced_greedy_knapsack'"),
+        (
+            dict(max_input_seq_length=64, delta=2),
+            "delta=2 only applies to algorithm='balanced_greedy_knapsack'",
+        ),
         (dict(max_input_seq_length=64, train_on="all"), "train_on='all' is not valid"),
-        (dict(max_input_seq_length=64, min_pixels=10**6, max_pixels=10), "min_pixels .* must not exceed max_pixels"),
+        (
+            dict(max_input_seq_length=64, min_pixels=10**6, max_pixels=10),
+            "min_pixels .* must not exceed max_pixels",
+        ),
         (dict(max_input_seq_length=64, max_per_pack=0), "max_per_pack must be a positive integer"),
     ],
 )
@@ -56,16 +69,46 @@ def _png(width, height):
 def _samples():
     """Generated conversations plus a long one, a tiny-image one and a big-image one."""
     docs = [(c.key, c.document, c.images) for c in conversations(16, seed=11)]
-    docs.append(("long", {"messages": [{"role": "user", "content": "Talk."},
-                                       {"role": "assistant", "content": "Bread needs time. " * 1000}]}, {}))
-    docs.append(("tiny", {"messages": [{"role": "user", "content": "<image>What?"},
-                                       {"role": "assistant", "content": "Blue."},
-                                       {"role": "user", "content": "Sure?"},
-                                       {"role": "assistant", "content": "Yes."}],
-                          "images": ["a.png"]}, {"a.png": _png(30, 30)}))
-    docs.append(("big", {"messages": [{"role": "user", "content": "<image>What?"},
-                                      {"role": "assistant", "content": "Blue."}],
-                         "images": ["a.png"]}, {"a.png": _png(1400, 1000)}))
+    docs.append(
+        (
+            "long",
+            {
+                "messages": [
+                    {"role": "user", "content": "Talk."},
+                    {"role": "assistant", "content": "Bread needs time. " * 1000},
+                ]
+            },
+            {},
+        )
+    )
+    docs.append(
+        (
+            "tiny",
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What?"},
+                    {"role": "assistant", "content": "Blue."},
+                    {"role": "user", "content": "Sure?"},
+                    {"role": "assistant", "content": "Yes."},
+                ],
+                "images": ["a.png"],
+            },
+            {"a.png": _png(30, 30)},
+        )
+    )
+    docs.append(
+        (
+            "big",
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What?"},
+                    {"role": "assistant", "content": "Blue."},
+                ],
+                "images": ["a.png"],
+            },
+            {"a.png": _png(1400, 1000)},
+        )
+    )
     out = []
     for key, doc, images in docs:
         fields = load_conversation({"json": json.dumps(doc).encode(), **images})
@@ -108,7 +151,9 @@ def observe_loader(**knobs):
     from helpers import SAMPLE_DATA, loader_batches
 
     te = PackingTaskEncoder(max_input_seq_length=2048, **knobs)
-    return [b["source_ids"][0] for b in itertools.islice(loader_batches(SAMPLE_DATA, te, buffer=32), 24)]
+    return [
+        b["source_ids"][0] for b in itertools.islice(loader_batches(SAMPLE_DATA, te, buffer=32), 24)
+    ]
 
 
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
@@ -119,7 +164,10 @@ KNOB_CASES = {
     "algorithm": ({}, {"algorithm": "concatenative"}),
     "max_per_pack": ({}, {"max_per_pack": 2}),
     "seed": ({"algorithm": "first_fit_shuffle"}, {"algorithm": "first_fit_shuffle", "seed": 1}),
-    "delta": ({"algorithm": "balanced_greedy_knapsack"}, {"algorithm": "balanced_greedy_knapsack", "delta": 2}),
+    "delta": (
+        {"algorithm": "balanced_greedy_knapsack"},
+        {"algorithm": "balanced_greedy_knapsack", "delta": 2},
+    ),
     "overlong": ({}, {"overlong": "truncate"}),
     "train_on": ({}, {"train_on": "last_assistant"}),
     "mrope": ({}, {"mrope": True}),

@@ -43,8 +43,16 @@ def test_exact_tokens_and_mask(tokenizer):
     )
     # a 56x56 image: grid (1, 4, 4) -> 16 patches -> 4 image-pad tokens
     system = [s.im_start, *t.encode("system\n"), *t.encode("Be brief."), s.im_end, *t.encode("\n")]
-    user = [s.im_start, *t.encode("user\n"), s.vision_start, *[s.image_pad] * 4, s.vision_end,
-            *t.encode("\nWhat is red?"), s.im_end, *t.encode("\n")]
+    user = [
+        s.im_start,
+        *t.encode("user\n"),
+        s.vision_start,
+        *[s.image_pad] * 4,
+        s.vision_end,
+        *t.encode("\nWhat is red?"),
+        s.im_end,
+        *t.encode("\n"),
+    ]
     head = [s.im_start, *t.encode("assistant\n")]
     answer = [*t.encode("The square."), s.im_end]
     assert enc.input_ids == system + user + head + answer + t.encode("\n")
@@ -59,12 +67,15 @@ def test_both_content_styles_encode_identically(tokenizer):
         {"role": "assistant", "content": "Both are red."},
     ]
     hf = [
-        {"role": "user", "content": [
-            {"type": "image", "image": "a.png"},
-            {"type": "text", "text": "\n"},
-            {"type": "image", "image": "b.png"},
-            {"type": "text", "text": "\nCompare them."},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": "a.png"},
+                {"type": "text", "text": "\n"},
+                {"type": "image", "image": "b.png"},
+                {"type": "text", "text": "\nCompare them."},
+            ],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": "Both are red."}]},
     ]
     images = {"a.png": png(56, 56), "b.png": png(112, 56)}
@@ -76,11 +87,18 @@ def test_both_content_styles_encode_identically(tokenizer):
 
 def test_named_parts_may_reorder_images(tokenizer):
     messages = [
-        {"role": "user", "content": [{"type": "image", "image": "b.png"}, {"type": "image", "image": "a.png"}]},
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": "b.png"}, {"type": "image", "image": "a.png"}],
+        },
         {"role": "assistant", "content": "ok"},
     ]
-    enc = run(tokenizer, messages, names=["a.png", "b.png"],
-              images={"a.png": png(56, 56), "b.png": png(112, 56)})
+    enc = run(
+        tokenizer,
+        messages,
+        names=["a.png", "b.png"],
+        images={"a.png": png(56, 56), "b.png": png(112, 56)},
+    )
     assert enc.image_order == [1, 0] and enc.grids == [(1, 4, 8), (1, 4, 4)]
 
 
@@ -107,24 +125,69 @@ def test_train_on_last_assistant_and_loss_weight(tokenizer):
         ([], [], {}, "empty_conversation"),
         ([{"role": "robot", "content": "x"}], [], {}, "unknown_role"),
         ([{"role": "user", "content": "x"}], [], {}, "no_assistant_turn"),
-        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "  "}], [], {}, "empty_assistant"),
+        (
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "  "}],
+            [],
+            {},
+            "empty_assistant",
+        ),
         ([{"role": "user"}], [], {}, "malformed_message"),
         ([{"role": "user", "content": 3}], [], {}, "malformed_message"),
         ([{"role": "user", "content": [{"type": "audio"}]}], [], {}, "malformed_message"),
-        ([{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "a"}],
-         ["a.png"], None, "placeholder_mismatch"),
-        ([{"role": "user", "content": "no image here"}, {"role": "assistant", "content": "a"}],
-         ["a.png"], None, "placeholder_mismatch"),
-        ([{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "a"}],
-         ["a.png"], {}, "missing_image"),
-        ([{"role": "user", "content": [{"type": "image", "image": "zz.png"}]},
-          {"role": "assistant", "content": "a"}], ["a.png"], None, "missing_image"),
-        ([{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "a"}],
-         ["a.png", "a.png"], None, "duplicate_image"),
-        ([{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "image", "image": "a.png"}]},
-          {"role": "assistant", "content": "a"}], ["a.png"], None, "duplicate_image"),
-        ([{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "a"}],
-         ["a.png"], {"a.png": b""}, "corrupt_image"),
+        (
+            [{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "a"}],
+            ["a.png"],
+            None,
+            "placeholder_mismatch",
+        ),
+        (
+            [{"role": "user", "content": "no image here"}, {"role": "assistant", "content": "a"}],
+            ["a.png"],
+            None,
+            "placeholder_mismatch",
+        ),
+        (
+            [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "a"}],
+            ["a.png"],
+            {},
+            "missing_image",
+        ),
+        (
+            [
+                {"role": "user", "content": [{"type": "image", "image": "zz.png"}]},
+                {"role": "assistant", "content": "a"},
+            ],
+            ["a.png"],
+            None,
+            "missing_image",
+        ),
+        (
+            [{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "a"}],
+            ["a.png", "a.png"],
+            None,
+            "duplicate_image",
+        ),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": "a.png"},
+                        {"type": "image", "image": "a.png"},
+                    ],
+                },
+                {"role": "assistant", "content": "a"},
+            ],
+            ["a.png"],
+            None,
+            "duplicate_image",
+        ),
+        (
+            [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "a"}],
+            ["a.png"],
+            {"a.png": b""},
+            "corrupt_image",
+        ),
     ],
 )
 def test_skips_name_a_reason(tokenizer, messages, names, images, reason):
@@ -145,7 +208,10 @@ def test_overlong_drop_truncate_error(tokenizer):
     assert full.length > capacity
     with pytest.raises(Skip) as info:
         run(tokenizer, LONG, names=["a.png"], max_input_seq_length=capacity)
-    assert info.value.reason == "overlong" and f"> max_input_seq_length={capacity}" in info.value.detail
+    assert (
+        info.value.reason == "overlong"
+        and f"> max_input_seq_length={capacity}" in info.value.detail
+    )
     with pytest.raises(OverlongError, match=r"sample 'k': \d+ tokens .*overlong='truncate'"):
         run(tokenizer, LONG, names=["a.png"], max_input_seq_length=capacity, overlong="error")
     cut = run(tokenizer, LONG, names=["a.png"], max_input_seq_length=capacity, overlong="truncate")
@@ -158,7 +224,14 @@ def test_overlong_drop_truncate_error(tokenizer):
 def test_truncate_never_cuts_an_image(tokenizer):
     big = {"a.png": png(224, 224)}  # 8x8 merged = 64 image tokens
     with pytest.raises(Skip) as info:
-        run(tokenizer, LONG, names=["a.png"], images=big, max_input_seq_length=48, overlong="truncate")
+        run(
+            tokenizer,
+            LONG,
+            names=["a.png"],
+            images=big,
+            max_input_seq_length=48,
+            overlong="truncate",
+        )
     assert info.value.reason == "overlong_media"
 
 

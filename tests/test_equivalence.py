@@ -15,11 +15,11 @@ import socket
 
 import pytest
 import torch
+from helpers import SAMPLE_DATA, loader_batches
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.model import TinyConfig, TinyVLM
 from energon_packing.trainer import microbatches, token_loss
-from helpers import SAMPLE_DATA, loader_batches
 
 PACKS = 50
 CAPACITY = 1024
@@ -65,13 +65,18 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
     losses = dict.fromkeys("abcd", 0.0)
     rows_seen = 0
     with torch.no_grad():
-        plain = PackingTaskEncoder(max_input_seq_length=CAPACITY, pad_multiple=4, mrope=te.config.mrope)
+        plain = PackingTaskEncoder(
+            max_input_seq_length=CAPACITY, pad_multiple=4, mrope=te.config.mrope
+        )
         for batch in loader_batches(SAMPLE_DATA, plain, buffer=None, batch_size=8):
             keep = [r for r, keys in enumerate(batch["source_ids"]) if keys[0] in wanted]
             if not keep:
                 continue
             rows_seen += len(keep)
-            sub = {k: (v[keep] if k in ("input_ids", "input_lengths", "token_mask") else v) for k, v in batch.items()}
+            sub = {
+                k: (v[keep] if k in ("input_ids", "input_lengths", "token_mask") else v)
+                for k, v in batch.items()
+            }
             sub["position_ids"] = batch["position_ids"][..., keep, :]
             for key in ("pixel_values", "image_grid_thw", "source_ids"):
                 sub[key] = [batch[key][r] for r in keep]
@@ -80,7 +85,9 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
                 logits = model(**mb.model_inputs)
                 reference[sub["source_ids"][r][0]] = logits[0, : int(sub["input_lengths"][r])]
                 losses["a"] += float(token_loss(logits, mb)[0])
-            for mb in microbatches(sub, image_token_id=image, token_budget=CAPACITY, pad_multiple=4):
+            for mb in microbatches(
+                sub, image_token_id=image, token_budget=CAPACITY, pad_multiple=4
+            ):
                 logits = model(**mb.model_inputs)  # (b) trainer-side pack, as wide as needed
                 trainer_side.update(per_source(logits[0], mb))
                 losses["b"] += float(token_loss(logits, mb)[0])
@@ -110,17 +117,22 @@ def free_port() -> int:
 
 
 def test_context_parallel_2_ranks_equals_cp_1(setup, tmp_path):
-    import torch.multiprocessing as mp
-
     import cp_worker
+    import torch.multiprocessing as mp
 
     te, model, config, packs = setup
     image = te.tokenizer.special.image_pad
     chosen = [b for b in packs if len(b["image_grid_thw"][0])][:4] + packs[-2:]
-    torch.save(dict(config=config, seed=0, batches=chosen, pad_multiple=4, image_token_id=image),
-               tmp_path / "inputs.pt")
-    mp.spawn(cp_worker.run, args=(2, free_port(), str(tmp_path / "inputs.pt"), str(tmp_path / "out")),
-             nprocs=2, join=True)
+    torch.save(
+        dict(config=config, seed=0, batches=chosen, pad_multiple=4, image_token_id=image),
+        tmp_path / "inputs.pt",
+    )
+    mp.spawn(
+        cp_worker.run,
+        args=(2, free_port(), str(tmp_path / "inputs.pt"), str(tmp_path / "out")),
+        nprocs=2,
+        join=True,
+    )
     ranks = [torch.load(tmp_path / f"out.{r}", weights_only=False) for r in range(2)]
     with torch.no_grad():
         for i, batch in enumerate(chosen):
@@ -137,12 +149,27 @@ def test_mrope_positions_match_transformers():
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, mrope=True)
     special = te.tokenizer.special
     config = qwen.Qwen2VLConfig(
-        text_config=dict(vocab_size=te.tokenizer.vocab_size, hidden_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
-                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
-        image_token_id=special.image_pad, vision_start_token_id=special.vision_start,
+        text_config=dict(
+            vocab_size=te.tokenizer.vocab_size,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=128,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        ),
+        vision_config=dict(
+            depth=1,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_chans=3,
+        ),
+        image_token_id=special.image_pad,
+        vision_start_token_id=special.vision_start,
     )
     reference = qwen.Qwen2VLForConditionalGeneration(config).model
     checked = 0
@@ -152,8 +179,9 @@ def test_mrope_positions_match_transformers():
         grids = batch["image_grid_thw"][0]
         if not len(grids):
             continue
-        expected, _ = reference.get_rope_index(ids, (ids == special.image_pad).int(), grids, None,
-                                               attention_mask=torch.ones_like(ids))
+        expected, _ = reference.get_rope_index(
+            ids, (ids == special.image_pad).int(), grids, None, attention_mask=torch.ones_like(ids)
+        )
         assert torch.equal(batch["position_ids"][:, :, :n], expected)
         checked += 1
     assert checked >= 20

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
+from helpers import REPO, SAMPLE_DATA, check_batch, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.prepare import YAMLS
 from energon_packing.synth import Conversation, conversations
-from helpers import REPO, SAMPLE_DATA, check_batch, loader_batches, make_dataset
 
 ALL_KEYS = {f"conv{i:06d}" for i in range(120)}
 
@@ -88,7 +88,10 @@ def test_save_and_restore_mid_epoch_continues_identically(synth_dataset):
 
 LONG = [
     {"role": "user", "content": "<image>\nTell me everything."},
-    {"role": "assistant", "content": "The picture shows a red square on a cream background. " * 120},
+    {
+        "role": "assistant",
+        "content": "The picture shows a red square on a cream background. " * 120,
+    },
 ]
 
 
@@ -100,12 +103,18 @@ def overlong_dataset(tmp_path_factory):
 
     image = encode_image(Image.new("RGB", (112, 112), (200, 40, 40)), "png")  # 16 image tokens
     long_items = [
-        Conversation(key=f"long{i}", document={"messages": LONG, "images": ["img0.png"]},
-                     images={"img0.png": image})
+        Conversation(
+            key=f"long{i}",
+            document={"messages": LONG, "images": ["img0.png"]},
+            images={"img0.png": image},
+        )
         for i in range(3)
     ]
-    return make_dataset(tmp_path_factory.mktemp("overlong"),
-                        list(conversations(20, seed=3)) + long_items, per_shard=30)
+    return make_dataset(
+        tmp_path_factory.mktemp("overlong"),
+        list(conversations(20, seed=3)) + long_items,
+        per_shard=30,
+    )
 
 
 def test_overlong_drop_is_counted_with_keys(overlong_dataset):
@@ -132,26 +141,46 @@ def test_overlong_error_through_loader(overlong_dataset):
     from megatron.energon.errors import FatalSampleError
 
     te = PackingTaskEncoder(max_input_seq_length=512, overlong="error")
-    with pytest.raises(FatalSampleError, match=(
-        r"sample '\w+': \d+ tokens \(\d+ padded to pad_multiple=1\) > max_input_seq_length=512\. "
-        r"Set overlong='truncate' or 'drop', or raise max_input_seq_length"
-    )):
+    with pytest.raises(
+        FatalSampleError,
+        match=(
+            r"sample '\w+': \d+ tokens \(\d+ padded to pad_multiple=1\) > max_input_seq_length=512\. "
+            r"Set overlong='truncate' or 'drop', or raise max_input_seq_length"
+        ),
+    ):
         list(loader_batches(overlong_dataset, te, buffer=8))
 
 
 def test_both_content_styles_through_the_loader(tmp_path):
-    from energon_packing.synth import draw, encode_image, random_scene
     import random
 
+    from energon_packing.synth import draw, encode_image, random_scene
+
     image = encode_image(draw(random_scene(random.Random(5))), "jpg")
-    llava = {"messages": [{"role": "user", "content": "<image>\nWhat is shown?"},
-                          {"role": "assistant", "content": "Shapes."}], "images": ["img0.jpg"]}
-    hf = {"messages": [{"role": "user", "content": [{"type": "image", "image": "img0.jpg"},
-                                                    {"type": "text", "text": "\nWhat is shown?"}]},
-                       {"role": "assistant", "content": [{"type": "text", "text": "Shapes."}]}],
-          "images": ["img0.jpg"]}
-    items = [Conversation(key="llava", document=llava, images={"img0.jpg": image}),
-             Conversation(key="hf", document=hf, images={"img0.jpg": image})]
+    llava = {
+        "messages": [
+            {"role": "user", "content": "<image>\nWhat is shown?"},
+            {"role": "assistant", "content": "Shapes."},
+        ],
+        "images": ["img0.jpg"],
+    }
+    hf = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "img0.jpg"},
+                    {"type": "text", "text": "\nWhat is shown?"},
+                ],
+            },
+            {"role": "assistant", "content": [{"type": "text", "text": "Shapes."}]},
+        ],
+        "images": ["img0.jpg"],
+    }
+    items = [
+        Conversation(key="llava", document=llava, images={"img0.jpg": image}),
+        Conversation(key="hf", document=hf, images={"img0.jpg": image}),
+    ]
     path = make_dataset(tmp_path, items)
     te = PackingTaskEncoder(max_input_seq_length=1024)
     (batch,) = list(loader_batches(path, te, buffer=8))
@@ -199,8 +228,11 @@ def test_crude_route_gives_the_same_packs(synth_dataset):
     plain = PackingTaskEncoder(max_input_seq_length=2048)
     crude = PackingTaskEncoder(max_input_seq_length=2048)
     a = list(itertools.islice(loader_batches(synth_dataset, plain, buffer=16), 3))
-    b = list(itertools.islice(
-        loader_batches(synth_dataset, crude, buffer=16, dataset_config="dataset_crude.yaml"), 3))
+    b = list(
+        itertools.islice(
+            loader_batches(synth_dataset, crude, buffer=16, dataset_config="dataset_crude.yaml"), 3
+        )
+    )
     for x, y in zip(a, b):
         assert x["source_ids"] == y["source_ids"]
         assert torch.equal(x["input_ids"], y["input_ids"])
@@ -213,8 +245,11 @@ def test_metadataset_example_applies_subflavor_loss_weight():
     dataset = get_train_dataset(
         REPO / "configs" / "metadataset.yaml",
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=1, packing_buffer_size=16, task_encoder=te,
-        shuffle_buffer_size=None, max_samples_per_sequence=None,
+        batch_size=1,
+        packing_buffer_size=16,
+        task_encoder=te,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
     )
     weights = set()
     for batch in itertools.islice(get_loader(dataset), 40):
@@ -237,8 +272,9 @@ def test_config_yamls_match_what_prepare_writes():
 
 def energon(*args):
     code = "from megatron.energon.cli.main import main; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
 
 
 def test_energon_info_and_lint_on_the_sample_data():

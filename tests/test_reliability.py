@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import check_batch, loader_batches, make_dataset, raw_sample, stop_workers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.energon.errors import FatalSampleError
@@ -22,7 +23,6 @@ from energon_packing.assemble import MRope, SourceTokens, assemble, mrope_positi
 from energon_packing.contract import check_pack
 from energon_packing.stats import MetricsAggregator
 from energon_packing.synth import conversations
-from helpers import check_batch, loader_batches, make_dataset, raw_sample, stop_workers
 
 
 def png(width, height, fmt="PNG"):
@@ -41,50 +41,130 @@ LONG_ANSWER = "The picture shows a red square on a cream background. " * 120
 # key -> (shard sample, expected skip reason or None when it must be packed)
 CORPUS = {
     "ok_text": (raw_sample("ok_text", {"messages": ask("Hello?")}), None),
-    "ok_image": (raw_sample("ok_image", {"messages": ask("<image>What?"), "images": ["img0.png"]},
-                            {"img0.png": png(64, 64)}), None),
+    "ok_image": (
+        raw_sample(
+            "ok_image",
+            {"messages": ask("<image>What?"), "images": ["img0.png"]},
+            {"img0.png": png(64, 64)},
+        ),
+        None,
+    ),
     "malformed_json": (raw_sample("malformed_json", '{"messages": [oops'), "malformed_json"),
     "missing_messages": (raw_sample("missing_messages", {"images": []}), "missing_messages"),
-    "unknown_role": (raw_sample("unknown_role", {"messages": [{"role": "robot", "content": "beep"},
-                                                              {"role": "assistant", "content": "x"}]}),
-                     "unknown_role"),
-    "empty_conversation": (raw_sample("empty_conversation", {"messages": []}), "empty_conversation"),
-    "no_assistant": (raw_sample("no_assistant", {"messages": [{"role": "user", "content": "hi"}]}),
-                     "no_assistant_turn"),
-    "image_part_missing": (raw_sample("image_part_missing", {"messages": ask("<image>?"),
-                                                             "images": ["img0.jpg"]}), "missing_image"),
-    "image_named_twice": (raw_sample("image_named_twice", {"messages": ask("<image><image>?"),
-                                                           "images": ["img0.png", "img0.png"]},
-                                     {"img0.png": png(64, 64)}), "duplicate_image"),
-    "corrupt_jpeg_header": (raw_sample("corrupt_jpeg_header", {"messages": ask("<image>?"), "images": ["img0.jpg"]},
-                                       {"img0.jpg": b"\xff\xd8\xff" + bytes(range(256)) * 4}), "corrupt_image"),
-    "corrupt_jpeg_body": (raw_sample("corrupt_jpeg_body", {"messages": ask("<image>?"), "images": ["img0.jpg"]},
-                                     {"img0.jpg": JPEG[: len(JPEG) // 3]}), "corrupt_image"),
-    "zero_size_image": (raw_sample("zero_size_image", {"messages": ask("<image>?"), "images": ["img0.png"]},
-                                   {"img0.png": b""}), "corrupt_image"),
-    "huge_image": (raw_sample("huge_image", {"messages": ask("<image>Big?"), "images": ["img0.png"]},
-                              {"img0.png": png(6000, 4000)}), None),
-    "more_placeholders": (raw_sample("more_placeholders", {"messages": ask("<image><image>?"),
-                                                           "images": ["img0.png"]},
-                                     {"img0.png": png(64, 64)}), "placeholder_mismatch"),
-    "more_images": (raw_sample("more_images", {"messages": ask("<image>?"), "images": ["img0.png", "img1.png"]},
-                               {"img0.png": png(64, 64), "img1.png": png(64, 64)}), "placeholder_mismatch"),
+    "unknown_role": (
+        raw_sample(
+            "unknown_role",
+            {
+                "messages": [
+                    {"role": "robot", "content": "beep"},
+                    {"role": "assistant", "content": "x"},
+                ]
+            },
+        ),
+        "unknown_role",
+    ),
+    "empty_conversation": (
+        raw_sample("empty_conversation", {"messages": []}),
+        "empty_conversation",
+    ),
+    "no_assistant": (
+        raw_sample("no_assistant", {"messages": [{"role": "user", "content": "hi"}]}),
+        "no_assistant_turn",
+    ),
+    "image_part_missing": (
+        raw_sample("image_part_missing", {"messages": ask("<image>?"), "images": ["img0.jpg"]}),
+        "missing_image",
+    ),
+    "image_named_twice": (
+        raw_sample(
+            "image_named_twice",
+            {"messages": ask("<image><image>?"), "images": ["img0.png", "img0.png"]},
+            {"img0.png": png(64, 64)},
+        ),
+        "duplicate_image",
+    ),
+    "corrupt_jpeg_header": (
+        raw_sample(
+            "corrupt_jpeg_header",
+            {"messages": ask("<image>?"), "images": ["img0.jpg"]},
+            {"img0.jpg": b"\xff\xd8\xff" + bytes(range(256)) * 4},
+        ),
+        "corrupt_image",
+    ),
+    "corrupt_jpeg_body": (
+        raw_sample(
+            "corrupt_jpeg_body",
+            {"messages": ask("<image>?"), "images": ["img0.jpg"]},
+            {"img0.jpg": JPEG[: len(JPEG) // 3]},
+        ),
+        "corrupt_image",
+    ),
+    "zero_size_image": (
+        raw_sample(
+            "zero_size_image",
+            {"messages": ask("<image>?"), "images": ["img0.png"]},
+            {"img0.png": b""},
+        ),
+        "corrupt_image",
+    ),
+    "huge_image": (
+        raw_sample(
+            "huge_image",
+            {"messages": ask("<image>Big?"), "images": ["img0.png"]},
+            {"img0.png": png(6000, 4000)},
+        ),
+        None,
+    ),
+    "more_placeholders": (
+        raw_sample(
+            "more_placeholders",
+            {"messages": ask("<image><image>?"), "images": ["img0.png"]},
+            {"img0.png": png(64, 64)},
+        ),
+        "placeholder_mismatch",
+    ),
+    "more_images": (
+        raw_sample(
+            "more_images",
+            {"messages": ask("<image>?"), "images": ["img0.png", "img1.png"]},
+            {"img0.png": png(64, 64), "img1.png": png(64, 64)},
+        ),
+        "placeholder_mismatch",
+    ),
     "non_utf8": (raw_sample("non_utf8", b'{"messages": "\xff\xfe\xfa"}'), "non_utf8"),
-    "images_only": (raw_sample("images_only", {
-        "messages": [{"role": "user", "content": [{"type": "image", "image": "img0.png"}]},
-                     {"role": "assistant", "content": [{"type": "image", "image": "img1.png"}]}],
-        "images": ["img0.png", "img1.png"]}, {"img0.png": png(64, 64), "img1.png": png(64, 64)}),
-        "empty_assistant"),
-    "overlong": (raw_sample("overlong", {"messages": ask("<image>Tell me everything.", LONG_ANSWER),
-                                         "images": ["img0.png"]}, {"img0.png": png(112, 112)}), "overlong"),
+    "images_only": (
+        raw_sample(
+            "images_only",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image", "image": "img0.png"}]},
+                    {"role": "assistant", "content": [{"type": "image", "image": "img1.png"}]},
+                ],
+                "images": ["img0.png", "img1.png"],
+            },
+            {"img0.png": png(64, 64), "img1.png": png(64, 64)},
+        ),
+        "empty_assistant",
+    ),
+    "overlong": (
+        raw_sample(
+            "overlong",
+            {"messages": ask("<image>Tell me everything.", LONG_ANSWER), "images": ["img0.png"]},
+            {"img0.png": png(112, 112)},
+        ),
+        "overlong",
+    ),
 }
 CAPACITY = 512
 
 
 @pytest.fixture(scope="module")
 def bad_dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("bad"), conversations(6, seed=4),
-                        raw=[sample for sample, _ in CORPUS.values()])
+    return make_dataset(
+        tmp_path_factory.mktemp("bad"),
+        conversations(6, seed=4),
+        raw=[sample for sample, _ in CORPUS.values()],
+    )
 
 
 def run(path, **knobs):
@@ -121,8 +201,11 @@ def test_overlong_policies_on_the_corpus(bad_dataset):
     over = dropped.stats.skipped_keys["overlong"]  # the corpus's own and a generated one
     te, _, packed = run(bad_dataset, overlong="truncate")
     assert set(over) <= set(packed) and te.stats.truncated == len(over) >= 1
-    with pytest.raises(FatalSampleError, match=r"sample '\w+': \d+ tokens .* > max_input_seq_length=512\. "
-                                               r"Set overlong='truncate' or 'drop'"):
+    with pytest.raises(
+        FatalSampleError,
+        match=r"sample '\w+': \d+ tokens .* > max_input_seq_length=512\. "
+        r"Set overlong='truncate' or 'drop'",
+    ):
         run(bad_dataset, overlong="error")
 
 
@@ -130,8 +213,12 @@ def test_overlong_policies_on_the_corpus(bad_dataset):
 def mixed_dataset(tmp_path_factory):
     """Generated conversations with the bad corpus spread through four shards."""
     items = list(conversations(80, seed=12))
-    return make_dataset(tmp_path_factory.mktemp("mixed"), items, per_shard=20,
-                        raw=[sample for sample, _ in CORPUS.values()])
+    return make_dataset(
+        tmp_path_factory.mktemp("mixed"),
+        items,
+        per_shard=20,
+        raw=[sample for sample, _ in CORPUS.values()],
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -150,21 +237,35 @@ def test_accounting_reaches_the_trainer(mixed_dataset, workers, carry):
     assert all(isinstance(v, (int, float)) for v in metrics.values())
     assert metrics["packing/read"] == len(everything)
     assert metrics["packing/packed"] == len(packed) and metrics["packing/packs"] == batches
-    assert metrics["packing/skipped"] == len(skipped) == metrics["packing/read"] - metrics["packing/packed"]
-    assert metrics["packing/efficiency"] == pytest.approx(metrics["packing/real_tokens"] / (batches * 2048))
+    assert (
+        metrics["packing/skipped"]
+        == len(skipped)
+        == metrics["packing/read"] - metrics["packing/packed"]
+    )
+    assert metrics["packing/efficiency"] == pytest.approx(
+        metrics["packing/real_tokens"] / (batches * 2048)
+    )
     assert metrics["packing/workers"] == max(workers, 1)
     for reason in {r for _, r in aggregate.skipped}:  # per-reason counters match the reported keys
-        assert metrics[f"packing/skipped/{reason}"] == sum(r == reason for _, r in aggregate.skipped)
+        assert metrics[f"packing/skipped/{reason}"] == sum(
+            r == reason for _, r in aggregate.skipped
+        )
 
 
 def snapshot(batch):
-    return batch["source_ids"], batch["input_ids"].clone(), [p.clone() for p in batch["pixel_values"]]
+    return (
+        batch["source_ids"],
+        batch["input_ids"].clone(),
+        [p.clone() for p in batch["pixel_values"]],
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_restore_at_random_points(synth_dataset, workers):
     knobs = dict(max_input_seq_length=512, carry=True, max_pixels=448 * 448)
-    loader = loader_batches(synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True)
+    loader = loader_batches(
+        synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True
+    )
     batches, states = [], {}
     points = set(random.Random(workers).sample(range(2, 50), 11))
     for step, batch in enumerate(loader):
@@ -174,8 +275,9 @@ def test_restore_at_random_points(synth_dataset, workers):
     stop_workers()
     assert len(states) == 11 and len(batches) > max(points) + 3
     for step, state in states.items():
-        restored = loader_batches(synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers,
-                                  savable=True)
+        restored = loader_batches(
+            synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True
+        )
         restored.restore_state_rank(state)
         continuation = [snapshot(b) for b in itertools.islice(iter(restored), 3)]
         stop_workers()
@@ -194,7 +296,9 @@ def test_a_corrupt_shard_is_skipped_with_a_report(tmp_path, workers):
     shard.write_bytes(data[: len(data) // 2])  # truncated after `energon prepare`
     aggregate = MetricsAggregator()
     packed = []
-    for batch in loader_batches(path, PackingTaskEncoder(max_input_seq_length=4096), buffer=16, workers=workers):
+    for batch in loader_batches(
+        path, PackingTaskEncoder(max_input_seq_length=4096), buffer=16, workers=workers
+    ):
         aggregate.update(batch)
         packed += batch["source_ids"][0]
     corrupt = [key for key, reason in aggregate.skipped if reason == "corrupt_shard"]
@@ -212,7 +316,9 @@ def test_a_failing_select_never_drops_the_buffer(synth_dataset, monkeypatch):
     monkeypatch.setattr(algorithms, "select_packs", broken)
     for carry in (False, True):
         te = PackingTaskEncoder(max_input_seq_length=8192, carry=carry)
-        packed = [k for b in loader_batches(synth_dataset, te, buffer=16) for k in b["source_ids"][0]]
+        packed = [
+            k for b in loader_batches(synth_dataset, te, buffer=16) for k in b["source_ids"][0]
+        ]
         assert sorted(packed) == sorted(f"conv{i:06d}" for i in range(120))  # one pack each
 
 
@@ -235,7 +341,9 @@ def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
         aggregate.update(batch)
         packed += batch["source_ids"][0]
     lost = [key for key, reason in aggregate.skipped if reason == "pack_error"]
-    assert lost and sorted(packed + [k for k, _ in aggregate.skipped]) == sorted(f"conv{i:06d}" for i in range(120))
+    assert lost and sorted(packed + [k for k, _ in aggregate.skipped]) == sorted(
+        f"conv{i:06d}" for i in range(120)
+    )
 
 
 def free_port() -> int:
@@ -276,8 +384,10 @@ def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     spawn(dp_worker.mismatch, (2, free_port(), str(tmp_path / "out")), timeout=120)
     for rank in range(2):
         outcome = (tmp_path / f"out.{rank}").read_text()
-        assert outcome.startswith("MICRO_BATCH_LENGTHS: data-parallel ranks disagree at this step: "
-                                  f"rank {rank} has {rank + 1} microbatches"), outcome
+        assert outcome.startswith(
+            "MICRO_BATCH_LENGTHS: data-parallel ranks disagree at this step: "
+            f"rank {rank} has {rank + 1} microbatches"
+        ), outcome
         assert "ranges from [1, 36, 36] to [2, 72, 36]" in outcome
 
 
@@ -313,13 +423,25 @@ def packs(draw):
 @given(case=packs(), mrope=st.booleans())
 def test_any_group_that_fits_meets_the_contract(case, mrope):
     sources, capacity, pad_multiple = case
-    pack = assemble(sources, capacity=capacity, pad_multiple=pad_multiple, pad_id=0,
-                    mrope=SPEC if mrope else None, check=False)
+    pack = assemble(
+        sources,
+        capacity=capacity,
+        pad_multiple=pad_multiple,
+        pad_id=0,
+        mrope=SPEC if mrope else None,
+        check=False,
+    )
     check_pack(
-        input_ids=pack.input_ids, token_mask=pack.token_mask, cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_padded=pack.cu_seqlens_padded, source_ids=pack.source_ids,
-        padding_mask=pack.padding_mask, image_grid_thw=pack.image_grid_thw,
-        image_source_index=pack.image_source_index, pad_multiple=pad_multiple, image_pad_id=5,
+        input_ids=pack.input_ids,
+        token_mask=pack.token_mask,
+        cu_seqlens=pack.cu_seqlens,
+        cu_seqlens_padded=pack.cu_seqlens_padded,
+        source_ids=pack.source_ids,
+        padding_mask=pack.padding_mask,
+        image_grid_thw=pack.image_grid_thw,
+        image_source_index=pack.image_source_index,
+        pad_multiple=pad_multiple,
+        image_pad_id=5,
     )
     assert pack.input_ids.shape == (capacity,) and pack.cu_seqlens_padded[-1] == capacity
     for k, (source, start) in enumerate(zip(sources, pack.cu_seqlens_padded[:-1])):
@@ -329,4 +451,6 @@ def test_any_group_that_fits_meets_the_contract(case, mrope):
             assert np.array_equal(positions, mrope_positions(source.input_ids, source.grids, SPEC))
         else:
             assert positions.tolist() == list(range(n))
-        assert pack.image_grid_thw[pack.image_source_index == k].tolist() == [list(g) for g in source.grids]
+        assert pack.image_grid_thw[pack.image_source_index == k].tolist() == [
+            list(g) for g in source.grids
+        ]

@@ -8,12 +8,19 @@ import random
 
 import pytest
 import torch
+from helpers import loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.algorithms import lower_bound, pack_stream
-from energon_packing.balance import HISTORY, RecentCosts, attention_cost, imbalance, pick, target_quantile
+from energon_packing.balance import (
+    HISTORY,
+    RecentCosts,
+    attention_cost,
+    imbalance,
+    pick,
+    target_quantile,
+)
 from energon_packing.synth import sized_conversations
-from helpers import loader_batches, make_dataset
 
 CAPACITY = 1024
 
@@ -29,7 +36,9 @@ KEYS = [f"sized{i:07d}" for i in range(len(LENGTHS))]
 
 @pytest.fixture(scope="module")
 def sized_dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("sized"), sized_conversations(LENGTHS), per_shard=120)
+    return make_dataset(
+        tmp_path_factory.mktemp("sized"), sized_conversations(LENGTHS), per_shard=120
+    )
 
 
 def packs_of(batches):
@@ -39,7 +48,11 @@ def packs_of(batches):
 def stream_order(path):
     """The order in which the loader reads the split (workers=0, no shuffle)."""
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY)
-    return [keys[0] for b in loader_batches(path, te, buffer=None, batch_size=1) for keys in b["source_ids"]]
+    return [
+        keys[0]
+        for b in loader_batches(path, te, buffer=None, batch_size=1)
+        for keys in b["source_ids"]
+    ]
 
 
 @pytest.mark.parametrize("carry", [False, True])
@@ -57,7 +70,9 @@ def test_loader_runs_exactly_the_pack_stream_logic(sized_dataset, carry):
 
 
 def test_carry_beats_energons_chunking_through_the_loader(sized_dataset):
-    chunk = packs_of(loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=16))
+    chunk = packs_of(
+        loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=16)
+    )
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True)
     carried = packs_of(loader_batches(sized_dataset, te, buffer=16))
     bound = lower_bound(LENGTHS, CAPACITY)
@@ -73,7 +88,9 @@ def test_carry_exactly_once_over_ranks_and_workers(sized_dataset, workers):
     seen = []
     for rank in range(2):
         te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True, max_carries=2)
-        for batch in loader_batches(sized_dataset, te, buffer=12, workers=workers, rank=rank, world_size=2):
+        for batch in loader_batches(
+            sized_dataset, te, buffer=12, workers=workers, rank=rank, world_size=2
+        ):
             seen.extend(batch["source_ids"][0])
     assert len(seen) == len(set(seen)) == len(KEYS)
     assert set(seen) == set(KEYS)
@@ -106,10 +123,16 @@ def test_restore_while_samples_are_carried(sized_dataset, balance_window):
             checkpoints.append(loader.save_state_rank())
     carried_at = [sum(len(c) for c in find(state, "_carry_counts")) for state in checkpoints]
     assert any(carried_at), "no checkpoint was taken while samples were carried"
-    reference = [packs_of([b]) for b in itertools.islice(iter(loader_batches(
-        sized_dataset, PackingTaskEncoder(**knobs), buffer=16)), 40)]
+    reference = [
+        packs_of([b])
+        for b in itertools.islice(
+            iter(loader_batches(sized_dataset, PackingTaskEncoder(**knobs), buffer=16)), 40
+        )
+    ]
     for state, step in zip(checkpoints, (2, 6, 9)):
-        restored = loader_batches(sized_dataset, PackingTaskEncoder(**knobs), buffer=16, savable=True)
+        restored = loader_batches(
+            sized_dataset, PackingTaskEncoder(**knobs), buffer=16, savable=True
+        )
         restored.restore_state_rank(state)
         got = [packs_of([b]) for b in itertools.islice(iter(restored), 6)]
         assert got == reference[step + 1 : step + 7]
@@ -135,7 +158,9 @@ def test_balance_rule_pieces():
 
 
 def test_balance_reorders_without_changing_the_packs(sized_dataset):
-    plain = packs_of(loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=32))
+    plain = packs_of(
+        loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=32)
+    )
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, balance_window=6)
     balanced = packs_of(loader_batches(sized_dataset, te, buffer=32))
     assert balanced != plain
@@ -152,7 +177,9 @@ def test_balanced_emission_evens_out_ranks(tmp_path):
         for rank in range(ranks):
             te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True, **knobs)
             batches = loader_batches(path, te, buffer=64, rank=rank, world_size=ranks)
-            per_rank.append([attention_cost(torch.diff(b["cu_seqlens"][0]).tolist()) for b in batches])
+            per_rank.append(
+                [attention_cost(torch.diff(b["cu_seqlens"][0]).tolist()) for b in batches]
+            )
         return per_rank
 
     plain, balanced = step_costs(), step_costs(balance_window=32, seed=3)
@@ -184,11 +211,21 @@ def test_native_pushback_route_is_used_when_energon_has_it(monkeypatch):
         pushback: list
 
     monkeypatch.setattr(megatron.energon, "PackedSamplesOutput", PackedSamplesOutput, raising=False)
-    te = PackingTaskEncoder(max_input_seq_length=10, carry=True, carry_min_fill=1.0, carry_budget=0.9)
+    te = PackingTaskEncoder(
+        max_input_seq_length=10, carry=True, carry_min_fill=1.0, carry_budget=0.9
+    )
     te._buffer_size = 3
     samples = [
-        EncodedConversation(__key__=k, __restore_key__=(k,), input_ids=None, token_mask=None,
-                            images=[], image_grids=[], length=n, cost=n)
+        EncodedConversation(
+            __key__=k,
+            __restore_key__=(k,),
+            input_ids=None,
+            token_mask=None,
+            images=[],
+            image_grids=[],
+            length=n,
+            cost=n,
+        )
         for k, n in (("a", 6), ("b", 4), ("c", 3))
     ]
     out = te.select_samples_to_pack(samples)

@@ -27,9 +27,13 @@ from energon_packing.trainer import (
 def design_note_pack():
     """Two conversations, A = 5 tokens, B = 10, pad multiple 4, capacity 36 (contract.md)."""
     pack = assemble(
-        [SourceTokens(key="convA", input_ids=[11] * 5, token_mask=[1.0] * 5),
-         SourceTokens(key="convB", input_ids=[12] * 10, token_mask=[1.0] * 10)],
-        capacity=36, pad_multiple=4, pad_id=0,
+        [
+            SourceTokens(key="convA", input_ids=[11] * 5, token_mask=[1.0] * 5),
+            SourceTokens(key="convB", input_ids=[12] * 10, token_mask=[1.0] * 10),
+        ],
+        capacity=36,
+        pad_multiple=4,
+        pad_id=0,
     )
     return {
         "input_ids": torch.from_numpy(pack.input_ids)[None],
@@ -52,8 +56,11 @@ def ordinary_batch():
     mask = torch.zeros(2, 10)
     mask[0, 1:5], mask[1, 1:10] = 1.0, 1.0
     return {
-        "input_ids": ids, "input_lengths": torch.tensor([5, 10]), "token_mask": mask,
-        "position_ids": torch.arange(10).repeat(2, 1), "source_ids": [["convA"], ["convB"]],
+        "input_ids": ids,
+        "input_lengths": torch.tensor([5, 10]),
+        "token_mask": mask,
+        "position_ids": torch.arange(10).repeat(2, 1),
+        "source_ids": [["convA"], ["convB"]],
     }
 
 
@@ -62,7 +69,10 @@ def test_detection_needs_both_boundary_keys():
     assert is_prepacked(batch)
     assert not is_prepacked(ordinary_batch())
     del batch["cu_seqlens_padded"]
-    with pytest.raises(PackContractError, match=r"cu_seqlens_padded: .* has 'cu_seqlens' but no 'cu_seqlens_padded'.*convA"):
+    with pytest.raises(
+        PackContractError,
+        match=r"cu_seqlens_padded: .* has 'cu_seqlens' but no 'cu_seqlens_padded'.*convA",
+    ):
         is_prepacked(batch)
 
 
@@ -123,7 +133,9 @@ def test_context_parallel_chunks():
     assert cp_indices(padded, 2, 0).tolist() == [0, 1, 6, 7, 8, 9, 14, 15]
     assert cp_indices(padded, 2, 1).tolist() == [2, 3, 4, 5, 10, 11, 12, 13]
     assert cp_indices(padded, 1, 0).tolist() == list(range(16))
-    with pytest.raises(PackContractError, match=r"padded length 6 does not split into 2\*cp_size=4"):
+    with pytest.raises(
+        PackContractError, match=r"padded length 6 does not split into 2\*cp_size=4"
+    ):
         cp_indices(torch.tensor([0, 6, 16]), 2, 0)
 
 
@@ -142,10 +154,19 @@ def test_context_parallel_slices_a_prepacked_pack():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda b: b["cu_seqlens_padded"].__setitem__(0, torch.tensor([0, 8, 35])), "last entry 35 != pack width 36"),
+        (
+            lambda b: b["cu_seqlens_padded"].__setitem__(0, torch.tensor([0, 8, 35])),
+            "last entry 35 != pack width 36",
+        ),
         (lambda b: b["source_ids"].append(["x"]), r"source_ids: 2 entries for 1 packs"),
-        (lambda b: b.__setitem__("input_lengths", torch.tensor([15])), r"input_lengths: \[15\], a prepacked row always counts as 36"),
-        (lambda b: b["token_mask"].__setitem__((0, 8), 1.0), r"first token of source 1 \(position 8\) is trained"),
+        (
+            lambda b: b.__setitem__("input_lengths", torch.tensor([15])),
+            r"input_lengths: \[15\], a prepacked row always counts as 36",
+        ),
+        (
+            lambda b: b["token_mask"].__setitem__((0, 8), 1.0),
+            r"first token of source 1 \(position 8\) is trained",
+        ),
     ],
 )
 def test_validation_names_key_numbers_and_sources(mutate, message):
@@ -170,14 +191,19 @@ def test_trainer_side_pack_matches_the_design_note():
 
 
 def test_trainer_side_bins_by_budget_and_dp_multiple():
-    assert [mb.rows for mb in microbatches(ordinary_batch(), token_budget=12, pad_multiple=4)] == [(1,), (0,)]
+    assert [mb.rows for mb in microbatches(ordinary_batch(), token_budget=12, pad_multiple=4)] == [
+        (1,),
+        (0,),
+    ]
     (both,) = microbatches(ordinary_batch(), token_budget=36)
     assert both.rows == (0, 1)
     split = microbatches(ordinary_batch(), token_budget=36, dp_size=2)
     assert sorted(mb.rows for mb in split) == [(0,), (1,)]
     with pytest.raises(ValueError, match="2 rows cannot fill a multiple of dp_size=3 bins"):
         microbatches(ordinary_batch(), token_budget=36, dp_size=3)
-    with pytest.raises(ValueError, match=r"row 1 \(\['convB'\]\) needs 12 tokens padded, more than token_budget=8"):
+    with pytest.raises(
+        ValueError, match=r"row 1 \(\['convB'\]\) needs 12 tokens padded, more than token_budget=8"
+    ):
         microbatches(ordinary_batch(), token_budget=8, pad_multiple=4)
 
 

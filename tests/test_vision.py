@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from energon_packing.vision import ImageError, VisionConfig, grid_for, patchify, probe, smart_resize, tokens_for
+from energon_packing.vision import (
+    ImageError,
+    VisionConfig,
+    grid_for,
+    patchify,
+    probe,
+    smart_resize,
+    tokens_for,
+)
 
 
 def image_bytes(width, height, mode="RGB", fmt="PNG", seed=0):
@@ -62,7 +70,9 @@ def test_probe_reads_the_header_only():
     assert info.value.reason == "corrupt_image"
 
 
-@pytest.mark.parametrize("data, reason", [(b"", "corrupt_image"), (b"not an image", "corrupt_image")])
+@pytest.mark.parametrize(
+    "data, reason", [(b"", "corrupt_image"), (b"not an image", "corrupt_image")]
+)
 def test_bad_bytes(data, reason):
     with pytest.raises(ImageError) as info:
         probe(data)
@@ -78,7 +88,12 @@ def test_huge_image_is_resized_within_max_pixels():
 
 @pytest.mark.parametrize(
     "width, height, mode, fmt",
-    [(150, 100, "RGB", "JPEG"), (640, 480, "RGB", "PNG"), (33, 700, "RGBA", "PNG"), (50, 50, "L", "PNG")],
+    [
+        (150, 100, "RGB", "JPEG"),
+        (640, 480, "RGB", "PNG"),
+        (33, 700, "RGBA", "PNG"),
+        (50, 50, "L", "PNG"),
+    ],
 )
 def test_bit_equal_to_transformers(width, height, mode, fmt):
     pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
