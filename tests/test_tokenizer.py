@@ -1,0 +1,57 @@
+"""ChatTokenizer over every accepted form: bundled, path, tokenizers object, HF tokenizer/processor."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import types
+
+import pytest
+from tokenizers import Tokenizer
+
+from energon_packing.tokenizer import BUNDLED_TOKENIZER, SPECIAL_TOKENS, ChatTokenizer
+
+TEXT = "Weigh the flour instead of measuring it by the cup. Ünïcödé too."
+
+
+def test_bundled_tokenizer_has_the_chat_and_vision_tokens():
+    tokenizer = ChatTokenizer()
+    ids = [tokenizer.id_of(token) for token in SPECIAL_TOKENS]
+    assert len(set(ids)) == len(SPECIAL_TOKENS)
+    assert tokenizer.special.pad == tokenizer.id_of("<|endoftext|>")
+    assert tokenizer.decode(tokenizer.encode(TEXT)) == TEXT  # byte-level: any text round-trips
+    assert pickle.loads(pickle.dumps(tokenizer)).encode(TEXT) == tokenizer.encode(TEXT)
+
+
+def test_paths_and_objects_encode_alike(tmp_path):
+    shutil.copy(BUNDLED_TOKENIZER, tmp_path / "tokenizer.json")
+    reference = ChatTokenizer().encode(TEXT)
+    for source in (tmp_path / "tokenizer.json", tmp_path, str(tmp_path),
+                   Tokenizer.from_file(str(BUNDLED_TOKENIZER))):
+        tokenizer = ChatTokenizer(source)
+        assert tokenizer.encode(TEXT) == reference
+        assert tokenizer.special == ChatTokenizer().special
+
+
+def test_hugging_face_tokenizer_and_processor():
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_TOKENIZER))
+    reference = ChatTokenizer()
+    for source in (hf, types.SimpleNamespace(tokenizer=hf)):  # a processor wraps its tokenizer
+        tokenizer = ChatTokenizer(source)
+        assert tokenizer.encode(TEXT) == reference.encode(TEXT)
+        assert tokenizer.special == reference.special
+
+
+def test_errors_say_what_is_missing(tmp_path):
+    with pytest.raises(ValueError, match="does not exist \\(no downloads are made\\)"):
+        ChatTokenizer(tmp_path / "nope")
+    bare = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    vocab = {t: i for t, i in bare.get_vocab().items() if t != "<|image_pad|>"}
+    from tokenizers import models
+
+    stripped = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    with pytest.raises(ValueError, match="has no token '<\\|image_pad\\|>'.*Qwen2-VL"):
+        ChatTokenizer(stripped)
+    with pytest.raises(TypeError, match="tokenizer must be None, a path"):
+        ChatTokenizer(42)
