@@ -63,9 +63,6 @@ class SizeBag:
         self._count -= 1
         return ident
 
-    def peek(self, size: int) -> int:
-        return self._ids[size][0]
-
     def largest(self) -> int:
         return self._mask.bit_length() - 1
 
@@ -85,15 +82,6 @@ class SizeBag:
         if not high:
             return -1
         return limit + (high & -high).bit_length() - 1
-
-    def sizes_desc(self, limit: int, count: int) -> list[int]:
-        """Up to ``count`` entry sizes ``<= limit``, largest first, repeated by multiplicity."""
-        out: list[int] = []
-        size = self.largest_at_most(limit)
-        while size >= 0 and len(out) < count:
-            out.extend([size] * min(len(self._ids[size]), count - len(out)))
-            size = self.largest_at_most(size - 1)
-        return out
 
 
 def _decreasing(lengths: Sequence[int]) -> list[int]:

@@ -550,7 +550,3 @@ def check_model_inputs(inputs: Mapping[str, Any]) -> None:
     leaked = sorted(BOOKKEEPING_KEYS & set(inputs))
     if leaked:
         raise PackContractError(f"{leaked[0]}: bookkeeping keys {leaked} reached the model inputs")
-
-
-def global_valid_tokens(batches: Sequence[Microbatch]) -> int:
-    return sum(mb.valid_tokens for mb in batches)
