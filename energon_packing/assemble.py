@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from energon_packing.contract import check_pack
+from energon_packing.contract import check_pack, round_up
 
 
 @dataclass(kw_only=True, slots=True)
@@ -121,7 +121,7 @@ def assemble(
     start = 0
     for k, source in enumerate(sources):
         length = len(source.input_ids)
-        padded = -(-length // pad_multiple) * pad_multiple
+        padded = round_up(length, pad_multiple)
         extent = padded if k < len(sources) - 1 else capacity - start
         if length == 0 or start + padded > capacity:
             raise ValueError(

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from energon_packing.algorithms import check_algorithm
-from energon_packing.carry import DEFAULT_BUDGET, DEFAULT_MAX_CARRIES, DEFAULT_MIN_FILL, CarryPolicy
+from energon_packing.carry import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_CARRIES,
+    DEFAULT_MIN_FILL,
+    CarryPolicy,
+)
 from energon_packing.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")

@@ -11,6 +11,11 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def round_up(value: int, multiple: int) -> int:
+    """``value`` padded up to a multiple of ``multiple`` (a source's padded length)."""
+    return -(-value // multiple) * multiple
+
+
 class PackContractError(ValueError):
     """A pack (or prepacked batch) breaks the contract; the message names key and sources."""
 

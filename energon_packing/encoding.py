@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from energon_packing.config import PackingConfig
+from energon_packing.contract import round_up
 from energon_packing.tokenizer import ChatTokenizer
 from energon_packing.vision import ImageError, grid_for, probe, tokens_for
 
@@ -197,15 +198,11 @@ def encode(
     return _fit(encoding, key, image_ends[-1] if image_ends else 0, config)
 
 
-def padded(length: int, multiple: int) -> int:
-    return -(-length // multiple) * multiple
-
-
 def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) -> Encoding:
     """Applies the overlong policy; the packing cost is computed on the result."""
     capacity, multiple = config.max_input_seq_length, config.pad_multiple
     length = encoding.length
-    cost = padded(length, multiple)
+    cost = round_up(length, multiple)
     if cost <= capacity:
         return encoding
     what = f"{length} tokens ({cost} padded to pad_multiple={multiple}) > max_input_seq_length={capacity}"

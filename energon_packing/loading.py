@@ -26,7 +26,12 @@ def epoch(
 ) -> Any:
     """An Energon loader over one epoch of ``path``'s train split (``get_savable_loader`` when
     ``savable``, for ``save_state_rank`` / ``restore_state_rank``)."""
-    from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset
+    from megatron.energon import (
+        WorkerConfig,
+        get_loader,
+        get_savable_loader,
+        get_train_dataset,
+    )
 
     dataset = get_train_dataset(
         path,

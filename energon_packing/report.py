@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from energon_packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, lower_bound, pack, pack_stream
+from energon_packing.algorithms import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    lower_bound,
+    pack,
+    pack_stream,
+)
+from energon_packing.contract import round_up
 
 TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
 
@@ -221,7 +228,7 @@ def loader_vs_trainer(
     every batch of ``batch_size`` conversations (as wide as each bin needs, NeMo-RL's path),
     and padded batches (every row as wide as the batch's longest)."""
     capacity, lengths = measured.capacity, measured.lengths
-    padded = [-(-n // pad_multiple) * pad_multiple for n in lengths]
+    padded = [round_up(n, pad_multiple) for n in lengths]
     real = sum(lengths)
     trainer_bins = trainer_tokens = padded_tokens = padded_steps = 0
     for start in range(0, len(padded), batch_size):

@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from megatron.energon import Cooker, Sample, SkipSample, TaskEncoder, WorkerConfig, stateless
+from megatron.energon import (
+    Cooker,
+    Sample,
+    SkipSample,
+    TaskEncoder,
+    WorkerConfig,
+    stateless,
+)
 from megatron.energon.edataclass import edataclass
 from megatron.energon.errors import FatalSampleError
 
@@ -30,8 +37,13 @@ from energon_packing.assemble import MRope, SourceTokens, assemble
 from energon_packing.balance import attention_cost
 from energon_packing.carry import Selection
 from energon_packing.config import PackingConfig
+from energon_packing.contract import round_up
 from energon_packing.encoding import OverlongError, Skip, encode
-from energon_packing.samples import ConversationSample, EncodedConversation, cook_conversation
+from energon_packing.samples import (
+    ConversationSample,
+    EncodedConversation,
+    cook_conversation,
+)
 from energon_packing.stage import CarryPackingDataset, native_pushback
 from energon_packing.stats import PackingStats
 from energon_packing.tokenizer import ChatTokenizer
@@ -164,7 +176,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, li
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
             image_grids=encoding.grids,
             length=encoding.length,
-            cost=-(-encoding.length // multiple) * multiple,
+            cost=round_up(encoding.length, multiple),
         )
 
     def select_samples_to_pack(self, samples: list[EncodedConversation]) -> Any:
@@ -400,7 +412,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, li
                 self.stats.skip(sample.__key__, e.reason, str(e))
         if not kept:
             raise SkipSample()
-        width = -(-max(s.length for s in kept) // multiple) * multiple
+        width = round_up(max(s.length for s in kept), multiple)
         rows = [
             assemble(
                 [

@@ -13,7 +13,9 @@ import tarfile
 from typing import Any
 
 from megatron.energon.flavors.base_dataset import SavableDataset
-from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
+from megatron.energon.flavors.webdataset.sample_loader import (
+    WebdatasetSampleLoaderDataset,
+)
 
 #: What Energon's tar reader raises for unreadable bytes (ValueError: "Unexpected end of tar
 #: file", "Inconsistent sample base name"; OSError: missing or unreadable shard files).

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from energon_packing.algorithms import DEFAULT_ALGORITHM, pack
-from energon_packing.contract import PackContractError, check_pack
+from energon_packing.contract import PackContractError, check_pack, round_up
 
 BOUNDARY_MODES = ("padded", "real")
 BOUNDARY_KEYS = ("cu_seqlens", "cu_seqlens_padded")
@@ -380,7 +380,7 @@ def _per_row(batch: Mapping[str, Any], key: str, row: int) -> Any:
 
 def _padded_lengths(batch: Mapping[str, Any], pad_multiple: int) -> list[int]:
     lengths = torch.as_tensor(batch["input_lengths"]).tolist()
-    return [-(-n // pad_multiple) * pad_multiple for n in lengths]
+    return [round_up(n, pad_multiple) for n in lengths]
 
 
 def _bin_rows(
@@ -418,7 +418,7 @@ def _squeeze(
     for r in rows:
         cu.append(cu[-1] + lengths[r])
         cu_padded.append(cu_padded[-1] + padded[r])
-    cu_padded[-1] = -(-cu_padded[-1] // pack_multiple) * pack_multiple
+    cu_padded[-1] = round_up(cu_padded[-1], pack_multiple)
     width = cu_padded[-1]
     ids = torch.full((width,), pad_id, dtype=batch["input_ids"].dtype)
     mask = torch.zeros(width, dtype=batch["token_mask"].dtype)
