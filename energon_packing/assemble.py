@@ -57,6 +57,22 @@ class Pack:
     def real_tokens(self) -> int:
         return int(self.cu_seqlens[-1])
 
+    def check(self, *, pad_multiple: int, image_pad_id: int | None = None) -> None:
+        """Raises :class:`~energon_packing.contract.PackContractError` unless this pack meets
+        every invariant (image-pad counts too, given ``image_pad_id``)."""
+        check_pack(
+            input_ids=self.input_ids,
+            token_mask=self.token_mask,
+            cu_seqlens=self.cu_seqlens,
+            cu_seqlens_padded=self.cu_seqlens_padded,
+            source_ids=self.source_ids,
+            padding_mask=self.padding_mask,
+            image_grid_thw=self.image_grid_thw,
+            image_source_index=self.image_source_index,
+            pad_multiple=pad_multiple,
+            image_pad_id=image_pad_id,
+        )
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class MRope:
@@ -157,13 +173,5 @@ def assemble(
         image_source_index=np.asarray(owners, dtype=np.int64),
     )
     if check:
-        check_pack(
-            input_ids=pack.input_ids,
-            token_mask=pack.token_mask,
-            cu_seqlens=pack.cu_seqlens,
-            cu_seqlens_padded=pack.cu_seqlens_padded,
-            source_ids=pack.source_ids,
-            padding_mask=pack.padding_mask,
-            pad_multiple=pad_multiple,
-        )
+        pack.check(pad_multiple=pad_multiple)
     return pack

@@ -187,10 +187,15 @@ def is_prepacked(batch: Mapping[str, Any]) -> bool:
 
 
 def validate_prepacked(
-    batch: Mapping[str, Any], *, pad_multiple: int = 1, cp_size: int = 1
+    batch: Mapping[str, Any],
+    *,
+    pad_multiple: int = 1,
+    cp_size: int = 1,
+    image_pad_id: int | None = None,
 ) -> None:
     """Raises :class:`PackContractError` (key, numbers, ``source_ids``) unless every pack of the
-    batch meets the contract."""
+    batch meets the contract; with ``image_pad_id``, each conversation's image-pad tokens must
+    also match what its images produce."""
     if not is_prepacked(batch):
         raise PackContractError("cu_seqlens: not a prepacked batch (no boundary keys)")
     for key in ("input_ids", "token_mask", "source_ids"):
@@ -223,9 +228,17 @@ def validate_prepacked(
             cu_seqlens_padded=torch.as_tensor(batch["cu_seqlens_padded"][row]).numpy(),
             source_ids=batch["source_ids"][row],
             padding_mask=batch["padding_mask"][row].numpy() if "padding_mask" in batch else None,
+            image_grid_thw=_row_array(batch, "image_grid_thw", row),
+            image_source_index=_row_array(batch, "image_source_index", row),
             pad_multiple=pad_multiple,
+            image_pad_id=image_pad_id,
             cp_size=cp_size,
         )
+
+
+def _row_array(batch: Mapping[str, Any], key: str, row: int) -> Any:
+    value = batch.get(key)
+    return None if value is None else torch.as_tensor(value[row]).numpy()
 
 
 def _row_positions(positions: torch.Tensor, row: int) -> torch.Tensor:

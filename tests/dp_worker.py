@@ -14,7 +14,12 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
     from energon_packing import PackingTaskEncoder
-    from energon_packing.trainer import FILLER_KEY, align_ranks, check_microbatches, microbatches
+    from energon_packing.trainer import (
+        FILLER_KEY,
+        align_ranks,
+        check_microbatches,
+        microbatches,
+    )
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size

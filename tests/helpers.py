@@ -6,10 +6,10 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from energon_packing.contract import check_pack
 from energon_packing.loading import epoch
 from energon_packing.prepare import prepare_dataset
 from energon_packing.synth import Conversation, write_shards
+from energon_packing.trainer import validate_prepacked
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DATA = REPO / "sample_data"
@@ -73,19 +73,12 @@ def check_batch(batch: dict, task_encoder) -> None:
     capacity = config.max_input_seq_length
     assert batch["input_ids"].shape == (len(batch["source_ids"]), capacity)
     assert batch["input_lengths"].tolist() == [capacity] * len(batch["source_ids"])
+    validate_prepacked(
+        batch,
+        pad_multiple=config.pad_multiple,
+        image_pad_id=task_encoder.tokenizer.special.image_pad,
+    )
     for row in range(len(batch["source_ids"])):
-        check_pack(
-            input_ids=batch["input_ids"][row].numpy(),
-            token_mask=batch["token_mask"][row].numpy(),
-            cu_seqlens=batch["cu_seqlens"][row].numpy(),
-            cu_seqlens_padded=batch["cu_seqlens_padded"][row].numpy(),
-            source_ids=batch["source_ids"][row],
-            padding_mask=batch["padding_mask"][row].numpy(),
-            image_grid_thw=batch["image_grid_thw"][row].numpy(),
-            image_source_index=batch["image_source_index"][row].numpy(),
-            pad_multiple=config.pad_multiple,
-            image_pad_id=task_encoder.tokenizer.special.image_pad,
-        )
         grids = batch["image_grid_thw"][row]
         assert batch["pixel_values"][row].shape == (int(grids.prod(dim=1).sum()), 1176)
         assert batch["sample_mask"][row].item() == float(bool((batch["token_mask"][row] > 0).any()))

@@ -84,15 +84,7 @@ def test_any_group_that_fits_meets_every_invariant(group):
     if not sources:
         return
     pack = assemble(sources, capacity=capacity, pad_multiple=pad_multiple, pad_id=0, check=False)
-    check_pack(
-        input_ids=pack.input_ids,
-        token_mask=pack.token_mask,
-        cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_padded=pack.cu_seqlens_padded,
-        source_ids=pack.source_ids,
-        padding_mask=pack.padding_mask,
-        pad_multiple=pad_multiple,
-    )
+    pack.check(pad_multiple=pad_multiple)
     assert pack.input_ids.shape == (capacity,)
     real = np.diff(pack.cu_seqlens)
     for k, (source, start) in enumerate(zip(sources, pack.cu_seqlens_padded[:-1])):

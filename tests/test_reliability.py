@@ -20,7 +20,6 @@ from PIL import Image
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.assemble import MRope, SourceTokens, assemble, mrope_positions
-from energon_packing.contract import check_pack
 from energon_packing.stats import MetricsAggregator
 from energon_packing.synth import conversations
 
@@ -431,18 +430,7 @@ def test_any_group_that_fits_meets_the_contract(case, mrope):
         mrope=SPEC if mrope else None,
         check=False,
     )
-    check_pack(
-        input_ids=pack.input_ids,
-        token_mask=pack.token_mask,
-        cu_seqlens=pack.cu_seqlens,
-        cu_seqlens_padded=pack.cu_seqlens_padded,
-        source_ids=pack.source_ids,
-        padding_mask=pack.padding_mask,
-        image_grid_thw=pack.image_grid_thw,
-        image_source_index=pack.image_source_index,
-        pad_multiple=pad_multiple,
-        image_pad_id=5,
-    )
+    pack.check(pad_multiple=pad_multiple, image_pad_id=5)
     assert pack.input_ids.shape == (capacity,) and pack.cu_seqlens_padded[-1] == capacity
     for k, (source, start) in enumerate(zip(sources, pack.cu_seqlens_padded[:-1])):
         n = len(source.input_ids)

@@ -26,8 +26,12 @@ def test_bundled_tokenizer_has_the_chat_and_vision_tokens():
 def test_paths_and_objects_encode_alike(tmp_path):
     shutil.copy(BUNDLED_TOKENIZER, tmp_path / "tokenizer.json")
     reference = ChatTokenizer().encode(TEXT)
-    for source in (tmp_path / "tokenizer.json", tmp_path, str(tmp_path),
-                   Tokenizer.from_file(str(BUNDLED_TOKENIZER))):
+    for source in (
+        tmp_path / "tokenizer.json",
+        tmp_path,
+        str(tmp_path),
+        Tokenizer.from_file(str(BUNDLED_TOKENIZER)),
+    ):
         tokenizer = ChatTokenizer(source)
         assert tokenizer.encode(TEXT) == reference
         assert tokenizer.special == ChatTokenizer().special

@@ -212,3 +212,34 @@ def test_no_packing_keeps_padded_rows():
     assert mb.model_inputs["input_ids"].shape == (2, 10)
     assert mb.model_inputs["packed_seq_params"] is None
     assert mb.valid_tokens == 4 + 9
+
+
+def test_validation_counts_image_tokens_when_asked():
+    pack = assemble(
+        [
+            SourceTokens(
+                key="img",
+                input_ids=[1, 3, 5, 5, 5, 5, 4, 9],
+                token_mask=[0] * 7 + [1],
+                grids=[(1, 4, 4)],
+            ),
+            SourceTokens(key="txt", input_ids=[1, 9, 9], token_mask=[0, 1, 1]),
+        ],
+        capacity=16,
+        pad_multiple=1,
+        pad_id=0,
+    )
+    batch = {
+        "input_ids": torch.from_numpy(pack.input_ids)[None],
+        "token_mask": torch.from_numpy(pack.token_mask)[None],
+        "cu_seqlens": [torch.from_numpy(pack.cu_seqlens)],
+        "cu_seqlens_padded": [torch.from_numpy(pack.cu_seqlens_padded)],
+        "source_ids": [pack.source_ids],
+        "image_grid_thw": [torch.tensor([[1, 4, 8]])],  # claims 8 image tokens, the row has 4
+        "image_source_index": [torch.from_numpy(pack.image_source_index)],
+    }
+    validate_prepacked(batch)  # without image_pad_id the counts are not checked
+    with pytest.raises(
+        PackContractError, match=r"source 0 \(img\) has 4 image-pad tokens, its images need 8"
+    ):
+        validate_prepacked(batch, image_pad_id=5)
