@@ -11,4 +11,4 @@ fi
 # torch before anything that depends on it: with 2.13.0 in place, the package's `torch>=2.1`
 # is already satisfied and pip never pulls a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[tools,test]'

@@ -1,6 +1,6 @@
 """Carry and balanced emission through the real Energon loader (7.4.1).
 
-Generated shards whose token lengths follow the four mixes of ``shared/docs/packing.md``
+Generated shards whose token lengths follow the four mixes of ``benchmarks/mixes.py``
 (text-only conversations of exact lengths under the bundled tokenizer; lengths below the
 17-token ChatML frame are raised to 17). Side by side in one run:
 
@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mixes import MIXES, generate  # noqa: E402
 
 from energon_packing import PackingTaskEncoder  # noqa: E402
-from energon_packing.algorithms import lower_bound  # noqa: E402
-from energon_packing.balance import attention_cost, imbalance  # noqa: E402
-from energon_packing.loading import epoch  # noqa: E402
-from energon_packing.prepare import prepare_dataset  # noqa: E402
-from energon_packing.synth import sized_conversations, write_shards  # noqa: E402
+from energon_packing.loader.loading import epoch  # noqa: E402
+from energon_packing.loader.prepare import prepare_dataset  # noqa: E402
+from energon_packing.packing import lower_bound  # noqa: E402
+from energon_packing.packing.balance import attention_cost, imbalance  # noqa: E402
+from energon_packing.testing.synth import sized_conversations, write_shards  # noqa: E402
 
 MIN_LENGTH = 17
 
@@ -51,7 +51,7 @@ def build(path: Path, lengths: list[int]) -> Path:
 def run_loader(
     path: Path, capacity: int, buffer: int, *, rank: int = 0, world_size: int = 1, **knobs
 ):
-    te = PackingTaskEncoder(max_input_seq_length=capacity, **knobs)
+    te = PackingTaskEncoder(max_input_seq_length=capacity, tokenizer="bundled", **knobs)
     loader = epoch(path, te, packing_buffer_size=buffer, rank=rank, world_size=world_size)
     start = time.perf_counter()
     costs, conversations = [], 0

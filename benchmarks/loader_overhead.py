@@ -30,8 +30,8 @@ warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
 
 def build(path: Path, samples: int) -> None:
-    from energon_packing.prepare import prepare_dataset
-    from energon_packing.synth import conversations, write_shards
+    from energon_packing.loader.prepare import prepare_dataset
+    from energon_packing.testing.synth import conversations, write_shards
 
     write_shards(path / "shards", conversations(samples, seed=99), per_shard=500)
     prepare_dataset(path, split_parts=["train:shards/.*"])
@@ -39,7 +39,7 @@ def build(path: Path, samples: int) -> None:
 
 def make_encoder(mode: str, max_pixels: int):
     from energon_packing import PackingTaskEncoder
-    from energon_packing.vision import patchify
+    from energon_packing.encoding.vision import patchify
 
     class DecodeUpFront(PackingTaskEncoder):
         """What a naive loader does: pixels decoded when the sample is encoded, so they sit
@@ -54,11 +54,13 @@ def make_encoder(mode: str, max_pixels: int):
             return sample.images
 
     cls = DecodeUpFront if mode == "upfront" else PackingTaskEncoder
-    return cls(max_input_seq_length=4096, pad_multiple=8, max_pixels=max_pixels)
+    return cls(
+        max_input_seq_length=4096, tokenizer="bundled", pad_multiple=8, max_pixels=max_pixels
+    )
 
 
 def run(path: Path, mode: str, buffer: int | None, max_pixels: int) -> dict:
-    from energon_packing.loading import epoch
+    from energon_packing.loader.loading import epoch
 
     te = make_encoder(mode, max_pixels)
     loader = epoch(path, te, packing_buffer_size=buffer)

@@ -1,4 +1,5 @@
-"""The four length mixes of ``shared/docs/packing.md``, generated from seeds.
+"""The four length mixes the benchmarks measure on (LLaVA-like VLM, chat, long tail, bimodal),
+generated from seeds.
 
 Lengths are token counts after padding to ``pad_multiple`` (8 here), clipped to ``[8, C]``.
 """

@@ -1,6 +1,6 @@
 """Packs over the lower bound, efficiency and packer time: every algorithm, chunk and carry.
 
-The four mixes of ``shared/docs/packing.md`` (generated from seeds), C in {4096, 8192}, buffers
+The four mixes of ``benchmarks/mixes.py`` (generated from seeds), C in {4096, 8192}, buffers
 {64, 256, 1024, offline}; mean of 3 seeds. Peers' algorithms in chunk mode (what Energon does
 with them today) are the baseline rows, measured in the same run.
 
@@ -19,9 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mixes import MIXES, generate  # noqa: E402
+from mixes import MIXES, generate
 
-from energon_packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, lower_bound, pack, pack_stream  # noqa: E402,E501
+from energon_packing.packing.algorithms import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    lower_bound,
+    pack,
+    pack_stream,
+)
 
 BUFFERS = (64, 256, 1024, 0)  # 0 = offline: one call over everything
 CAPACITIES = (4096, 8192)

@@ -1,7 +1,7 @@
 """CPU cost of the trainer-side shim per microbatch at C=8192, next to trainer-side packing.
 
 Loader packs of ~8 conversations each (random lengths, a few images), then per pack:
-``microbatches()`` with and without contract validation, both boundary modes, CP=1 and 2;
+``prepacked_microbatches()`` with and without contract validation, both boundary modes, CP=1 and 2;
 and, as the baseline in the same run, the trainer-side path squeezing the same conversations
 from a padded batch.
 
@@ -14,11 +14,12 @@ import argparse
 import random
 import time
 
+import numpy as np
 import torch
 
-from energon_packing.algorithms import pack
-from energon_packing.assemble import SourceTokens, assemble
-from energon_packing.trainer import microbatches
+from energon_packing.packing import pack
+from energon_packing.schema import IMAGE_GRID_THW, PIXEL_VALUES, Source, collate, layout
+from energon_packing.trainer import pack_microbatches, prepacked_microbatches
 
 CAPACITY = 8192
 PAD_MULTIPLE = 8
@@ -31,28 +32,19 @@ def make_packs(count: int, seed: int) -> tuple[list[dict], list[dict]]:
     prepacked, ordinary = [], []
     for g, group in enumerate(groups):
         sources = [
-            SourceTokens(
+            Source(
                 key=f"s{i}", input_ids=[5] * lengths[i], token_mask=[0.0] + [1.0] * (lengths[i] - 1)
             )
             for i in group
         ]
-        p = assemble(sources, capacity=CAPACITY, pad_multiple=PAD_MULTIPLE, pad_id=0)
-        pixels = torch.zeros(64 * (g % 3), 1176)
-        grids = torch.tensor([[1, 8, 8]] * (g % 3), dtype=torch.int64).reshape(-1, 3)
-        prepacked.append(
-            {
-                "input_ids": torch.from_numpy(p.input_ids)[None],
-                "input_lengths": torch.tensor([CAPACITY]),
-                "token_mask": torch.from_numpy(p.token_mask)[None],
-                "cu_seqlens": [torch.from_numpy(p.cu_seqlens)],
-                "cu_seqlens_padded": [torch.from_numpy(p.cu_seqlens_padded)],
-                "position_ids": torch.from_numpy(p.position_ids)[None],
-                "padding_mask": torch.from_numpy(p.padding_mask)[None],
-                "source_ids": [p.source_ids],
-                "pixel_values": [pixels],
-                "image_grid_thw": [grids],
-            }
-        )
+        p = layout(sources, width=CAPACITY, pad_multiple=PAD_MULTIPLE, pad_id=0)
+        images = g % 3  # a few images on the first source, as pixels the shim passes through
+        p.media = {
+            PIXEL_VALUES: np.zeros((64 * images, 1176), dtype=np.float32),
+            IMAGE_GRID_THW: np.asarray([[1, 8, 8]] * images, dtype=np.int64).reshape(-1, 3),
+        }
+        p.image_source_index = np.zeros(images, dtype=np.int64)
+        prepacked.append(collate([p]))
         width = max(lengths[i] for i in group)
         ids = torch.zeros(len(group), width, dtype=torch.long)
         mask = torch.zeros(len(group), width)
@@ -71,10 +63,10 @@ def make_packs(count: int, seed: int) -> tuple[list[dict], list[dict]]:
     return prepacked, ordinary
 
 
-def per_pack_us(batches: list[dict], **kwargs) -> float:
+def per_pack_us(batches: list[dict], split, **kwargs) -> float:
     start = time.perf_counter()
     for batch in batches:
-        microbatches(batch, **kwargs)
+        split(batch, **kwargs)
     return (time.perf_counter() - start) / len(batches) * 1e6
 
 
@@ -86,7 +78,7 @@ def main() -> None:
     prepacked, ordinary = make_packs(args.packs, seed=0)
     sources = sum(len(b["source_ids"][0]) for b in prepacked) / len(prepacked)
     print(f"{len(prepacked)} packs at C={CAPACITY}, {sources:.1f} conversations each, 1 thread\n")
-    microbatches(prepacked[0], pad_multiple=PAD_MULTIPLE)  # warm up (imports, PackedSeqParams)
+    prepacked_microbatches(prepacked[0], pad_multiple=PAD_MULTIPLE)  # warm up (PackedSeqParams)
     rows = [
         ("loader pack, validate, padded", dict(pad_multiple=PAD_MULTIPLE)),
         ("loader pack, no validate", dict(pad_multiple=PAD_MULTIPLE, validate=False)),
@@ -98,10 +90,11 @@ def main() -> None:
     ]
     print(f"{'path':<40}{'us per pack':>14}")
     for label, kwargs in rows:
-        best = min(per_pack_us(prepacked, **kwargs) for _ in range(3))
+        best = min(per_pack_us(prepacked, prepacked_microbatches, **kwargs) for _ in range(3))
         print(f"{label:<40}{best:>14.0f}")
     best = min(
-        per_pack_us(ordinary, token_budget=CAPACITY, pad_multiple=PAD_MULTIPLE) for _ in range(3)
+        per_pack_us(ordinary, pack_microbatches, token_budget=CAPACITY, pad_multiple=PAD_MULTIPLE)
+        for _ in range(3)
     )
     print(f"{'trainer-side packing (baseline)':<40}{best:>14.0f}")
     print("\ntarget: well under 1000 us per loader pack")

@@ -1,7 +1,18 @@
 """Loader-side sequence packing for Megatron-Energon: full-width multimodal packs, at the bound.
 
-The packing algorithms (:mod:`energon_packing.algorithms`) are pure Python. Names that need
-Energon or torch are imported on first use, so ``import energon_packing.algorithms`` stays light.
+The package is split into rooms by what they may import (``tests/test_layout.py`` enforces it):
+
+* :mod:`energon_packing.packing`: the pure packing core (no torch, no Energon);
+* :mod:`energon_packing.encoding`: conversations to tokens, masks, image costs (no Energon);
+* :mod:`energon_packing.loader`: everything that touches Energon;
+* :mod:`energon_packing.trainer`: the trainer-side shim (no Energon);
+* :mod:`energon_packing.schema`, :mod:`energon_packing.config`, :mod:`energon_packing.stats`:
+  the pack schema, the knobs and the accounting every room shares;
+* :mod:`energon_packing.tools` (the CLI, an extra) and :mod:`energon_packing.testing`
+  (generated data, the tiny reference model): never imported by the library.
+
+The names below are imported on first use (PEP 562), so ``import energon_packing.packing``
+stays light.
 """
 
 from __future__ import annotations
@@ -12,18 +23,22 @@ from typing import Any
 
 logging.getLogger("energon_packing").addHandler(logging.NullHandler())
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> module that defines it (imported lazily, PEP 562)
 _LAZY = {
-    "PackingTaskEncoder": "task_encoder",
-    "PackedSample": "task_encoder",
-    "PackingError": "task_encoder",
-    "ConversationSample": "samples",
-    "EncodedConversation": "samples",
+    "PackingTaskEncoder": "loader.task_encoder",
+    "PackingError": "loader.task_encoder",
+    "ConversationSample": "loader.samples",
+    "EncodedConversation": "loader.samples",
+    "PackedSample": "loader.samples",
     "PackingConfig": "config",
     "PackingStats": "stats",
+    "MetricsAggregator": "stats",
+    "PackContractError": "schema",
 }
+
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,14 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from energon_packing.algorithms import check_algorithm
-from energon_packing.carry import (
+from energon_packing.encoding.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
+from energon_packing.packing.algorithms import check_algorithm
+from energon_packing.packing.carry import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_CARRIES,
     DEFAULT_MIN_FILL,
     CarryPolicy,
 )
-from energon_packing.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
+
+__all__ = ["OVERLONG_POLICIES", "TRAIN_ON", "PackingConfig"]
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
 TRAIN_ON = ("all_assistant", "last_assistant")
@@ -34,7 +36,7 @@ class PackingConfig:
         pad_multiple: Each conversation is padded to a multiple of this (C must be one too).
             With context parallelism CP use a multiple of 2*CP (of TP*CP with sequence
             parallelism), so every padded segment splits evenly across CP ranks.
-        algorithm: Packing algorithm, one of ``energon_packing.algorithms.ALGORITHMS``.
+        algorithm: Packing algorithm, one of ``energon_packing.packing.ALGORITHMS``.
         max_per_pack: At most this many conversations per pack (None: no limit).
         seed: Seed of ``first_fit_shuffle`` (mixed with each buffer's content).
         delta: Extra packs pre-allocated by ``balanced_greedy_knapsack``.
@@ -109,7 +111,7 @@ class PackingConfig:
             or (self.balance_window < 0)
         ):
             raise ValueError(f"balance_window must be an integer >= 0, got {self.balance_window!r}")
-        self.vision  # validates min_pixels / max_pixels
+        _ = self.vision  # validates min_pixels / max_pixels
         self._policy()  # validates the carry knobs even while carry is off
 
     @property

@@ -10,6 +10,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+__all__ = ["KEYS_PER_REASON", "MetricsAggregator", "PackingStats"]
+
 logger = logging.getLogger("energon_packing")
 
 #: Keys remembered per skip reason (the counts are exact, the key lists are samples).

@@ -2,7 +2,7 @@
 
     .venv/bin/python sample_data/regenerate.py
 
-400 conversations (0-3 images each) from :mod:`energon_packing.synth`, 4 shards of 100, then
+400 conversations (0-3 images each) from :mod:`energon_packing.testing.synth`, 4 shards of 100, then
 ``energon prepare`` (train: all shards; val and test: the last shard, so the default
 ``energon lint`` finds all three splits) and our dataset yamls.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from energon_packing.prepare import prepare_dataset
-from energon_packing.synth import conversations, write_shards
+from energon_packing.loader.prepare import prepare_dataset
+from energon_packing.testing.synth import conversations, write_shards
 
 HERE = Path(__file__).resolve().parent
 SEED = 2024

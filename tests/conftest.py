@@ -21,13 +21,13 @@ def synth_dataset(tmp_path_factory):
     """120 generated conversations (0-3 images, both content styles) in 3 shards, prepared."""
     from helpers import make_dataset
 
-    from energon_packing.synth import conversations
+    from energon_packing.testing.synth import conversations
 
     return make_dataset(tmp_path_factory.mktemp("synth"), conversations(120, seed=7), per_shard=40)
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from energon_packing.tokenizer import ChatTokenizer
+    from energon_packing.encoding.tokenizer import ChatTokenizer
 
-    return ChatTokenizer()
+    return ChatTokenizer("bundled")

@@ -5,15 +5,13 @@ from __future__ import annotations
 import torch
 
 
-def run(rank: int, world_size: int, port: int, inputs_path: str, out_path: str) -> None:
+def run(rank: int, world_size: int, init_method: str, inputs_path: str, out_path: str) -> None:
     import torch.distributed as dist
 
-    from energon_packing.model import TinyConfig, TinyVLM
-    from energon_packing.trainer import cp_indices, microbatches
+    from energon_packing.testing.model import TinyConfig, TinyVLM
+    from energon_packing.trainer import cp_indices, prepacked_microbatches
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         payload = torch.load(inputs_path, weights_only=False)
         model = TinyVLM(
@@ -22,7 +20,7 @@ def run(rank: int, world_size: int, port: int, inputs_path: str, out_path: str) 
         results = []
         with torch.no_grad():
             for batch in payload["batches"]:
-                (mb,) = microbatches(
+                (mb,) = prepacked_microbatches(
                     batch,
                     cp_size=world_size,
                     cp_rank=rank,

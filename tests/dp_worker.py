@@ -7,7 +7,7 @@ import os
 import traceback
 
 
-def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
+def epoch(rank: int, world_size: int, init_method: str, path: str, out: str) -> None:
     """One epoch through the real loader and the shim, one process per data-parallel rank."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     import torch.distributed as dist
@@ -18,14 +18,14 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
         FILLER_KEY,
         align_ranks,
         check_microbatches,
-        microbatches,
+        prepacked_microbatches,
     )
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
-        te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=4, carry=True)
+        te = PackingTaskEncoder(
+            tokenizer="bundled", max_input_seq_length=2048, pad_multiple=4, carry=True
+        )
         worker_config = WorkerConfig.default_worker_config(
             num_workers=0
         )  # rank from the process group
@@ -44,7 +44,7 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
             get_loader(dataset), capacity=2048, pad_id=te.tokenizer.special.pad
         ):
             skipped += [key for key, _ in batch.get("packing_skipped", ())]
-            mbs = microbatches(batch, pad_multiple=4)
+            mbs = prepacked_microbatches(batch, pad_multiple=4)
             check_microbatches(mbs)
             steps.append([list(mb.model_inputs["input_ids"].shape) for mb in mbs])
             keys += [k for mb in mbs for k in mb.source_ids if k != FILLER_KEY]
@@ -62,19 +62,17 @@ def epoch(rank: int, world_size: int, port: int, path: str, out: str) -> None:
         json.dump(result, f)
 
 
-def mismatch(rank: int, world_size: int, port: int, out: str) -> None:
+def mismatch(rank: int, world_size: int, init_method: str, out: str) -> None:
     """Rank 1 brings two microbatches to a step where rank 0 brings one."""
     import torch.distributed as dist
     from test_trainer import design_note_pack
 
-    from energon_packing.contract import PackContractError
-    from energon_packing.trainer import check_microbatches, microbatches
+    from energon_packing.schema import PackContractError
+    from energon_packing.trainer import check_microbatches, prepacked_microbatches
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
-        mbs = microbatches(design_note_pack()) * (1 + rank)
+        mbs = prepacked_microbatches(design_note_pack()) * (1 + rank)
         try:
             check_microbatches(mbs)
             outcome = "no error"

@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from energon_packing.loading import epoch
-from energon_packing.prepare import prepare_dataset
-from energon_packing.synth import Conversation, write_shards
+from energon_packing.loader.loading import epoch
+from energon_packing.loader.prepare import prepare_dataset
+from energon_packing.testing.synth import Conversation, write_shards
 from energon_packing.trainer import validate_prepacked
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +92,49 @@ def stop_workers() -> None:
     for process in multiprocessing.active_children():
         process.terminate()
         process.join(timeout=5)
+
+
+def source(key, input_ids, token_mask, *, grids=(), mrope=None):
+    """A schema.Source for tests: image grids (Qwen2-VL) and, with an MRope spec, 3-row
+    positions as the loader computes them."""
+    import numpy as np
+
+    from energon_packing.encoding.positions import mrope_positions
+    from energon_packing.schema import IMAGE_GRID_THW, Source
+
+    grids = [tuple(g) for g in grids]
+    return Source(
+        key=key,
+        input_ids=input_ids,
+        token_mask=token_mask,
+        positions=mrope_positions(input_ids, grids, mrope) if mrope else None,
+        media={IMAGE_GRID_THW: np.asarray(grids, dtype=np.int64).reshape(-1, 3)},
+        images=len(grids),
+    )
+
+
+def spawn_ranks(fn, world_size, tmp_path, *args, timeout=240):
+    """Runs ``fn(rank, world_size, init_method, *args)`` in ``world_size`` processes and waits
+    at most ``timeout`` seconds: a dead or hung rank fails the test instead of hanging CI for
+    gloo's 30-minute default. The ranks meet through a file store in ``tmp_path``, so no port
+    is picked, released and handed on (a race with any other process on the machine)."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    init_method = f"file://{tmp_path / 'rendezvous'}"
+    context = mp.start_processes(
+        fn,
+        args=(world_size, init_method, *args),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            alive = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks {alive} of {world_size} still running after {timeout} s")

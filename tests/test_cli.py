@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from helpers import SAMPLE_DATA, loader_batches
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.algorithms import lower_bound
-from energon_packing.cli import main
-from energon_packing.picture import describe, layout
-from energon_packing.prepare import YAMLS
-from energon_packing.report import format_table, measure_costs, packing_table
-from energon_packing.synth import conversations, write_shards
+from energon_packing.loader.prepare import YAMLS
+from energon_packing.packing.algorithms import lower_bound
+from energon_packing.testing.synth import conversations, write_shards
+from energon_packing.tools.cli import main
+from energon_packing.tools.picture import describe, pack_segments
+from energon_packing.tools.report import format_table, measure_costs, packing_table
 
 
 def invoke(*args):
@@ -35,7 +35,7 @@ def test_demo_reports_the_librarys_numbers(tmp_path):
     output = invoke("demo", "--picture", picture)
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    knobs = dict(max_input_seq_length=2048, pad_multiple=8, carry=True)
+    knobs = dict(max_input_seq_length=2048, tokenizer="bundled", pad_multiple=8, carry=True)
     te = PackingTaskEncoder(**knobs)
     batches = list(loader_batches(SAMPLE_DATA, te, buffer=64))
     measured = measure_costs(SAMPLE_DATA, PackingTaskEncoder(**knobs), progress=False)
@@ -72,7 +72,9 @@ def test_stats_table_equals_the_library(synth_dataset):
         "first_fit_decreasing",
     )
     measured = measure_costs(
-        synth_dataset, PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8), progress=False
+        synth_dataset,
+        PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, pad_multiple=8),
+        progress=False,
     )
     rows = packing_table(
         measured, algorithms=("subset_fill", "first_fit_decreasing"), buffers=(16, 64)
@@ -87,10 +89,12 @@ def test_preview_prints_the_packs_it_draws(synth_dataset, tmp_path):
     output = invoke(
         "preview", synth_dataset, "--capacity", 2048, "--packs", 3, "--picture", picture
     )
-    te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8, carry=True)
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=2048, pad_multiple=8, carry=True
+    )
     batches = list(itertools.islice(loader_batches(synth_dataset, te, buffer=64), 3))
     expected = describe(
-        [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
+        [pack_segments(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
     )
     assert expected in output
     assert expected.count("pack ") == 3 and "image" in expected
@@ -130,7 +134,7 @@ def test_prepare_writes_the_yamls(tmp_path):
 
 
 def test_demo_without_data_says_what_to_pass(monkeypatch):
-    import energon_packing.cli as cli
+    import energon_packing.tools.cli as cli
 
     result = CliRunner().invoke(cli.main, ["demo", "--data", "/nonexistent"])
     assert result.exit_code != 0 and "does not exist" in result.output

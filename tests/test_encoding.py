@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from energon_packing.config import PackingConfig
-from energon_packing.encoding import OverlongError, Skip, encode
+from energon_packing.encoding.builtin import encode
+from energon_packing.encoding.chat import OverlongError, Skip
 
 
 def png(width=56, height=56):

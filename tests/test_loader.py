@@ -11,8 +11,8 @@ import torch
 from helpers import REPO, SAMPLE_DATA, check_batch, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.prepare import YAMLS
-from energon_packing.synth import Conversation, conversations
+from energon_packing.loader.prepare import YAMLS
+from energon_packing.testing.synth import Conversation, conversations
 
 ALL_KEYS = {f"conv{i:06d}" for i in range(120)}
 
@@ -22,7 +22,7 @@ def keys_of(batches):
 
 
 def test_every_pack_meets_the_contract(synth_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, pad_multiple=8)
     batches = list(loader_batches(synth_dataset, te, buffer=16))
     for batch in batches:
         check_batch(batch, te)
@@ -38,7 +38,9 @@ def test_every_pack_meets_the_contract(synth_dataset):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_exactly_once_over_ranks_and_workers(synth_dataset, workers):
-    te = PackingTaskEncoder(max_input_seq_length=8192)  # nothing is over-long at 8k
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=8192
+    )  # nothing is over-long at 8k
     per_rank = []
     for rank in range(2):
         batches = list(
@@ -69,7 +71,7 @@ def assert_same(a, b):
 
 
 def test_save_and_restore_mid_epoch_continues_identically(synth_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, pad_multiple=8)
     loader = loader_batches(synth_dataset, te, buffer=16, savable=True)
     it = iter(loader)
     for _ in range(3):
@@ -77,7 +79,7 @@ def test_save_and_restore_mid_epoch_continues_identically(synth_dataset):
     state = loader.save_state_rank()
     expected = [snapshot(b) for b in itertools.islice(it, 4)]
 
-    fresh = PackingTaskEncoder(max_input_seq_length=2048, pad_multiple=8)
+    fresh = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, pad_multiple=8)
     restored = loader_batches(synth_dataset, fresh, buffer=16, savable=True)
     restored.restore_state_rank(state)
     got = [snapshot(b) for b in itertools.islice(iter(restored), 4)]
@@ -99,7 +101,7 @@ LONG = [
 def overlong_dataset(tmp_path_factory):
     from PIL import Image
 
-    from energon_packing.synth import encode_image
+    from energon_packing.testing.synth import encode_image
 
     image = encode_image(Image.new("RGB", (112, 112), (200, 40, 40)), "png")  # 16 image tokens
     long_items = [
@@ -118,7 +120,7 @@ def overlong_dataset(tmp_path_factory):
 
 
 def test_overlong_drop_is_counted_with_keys(overlong_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=512, overlong="drop")
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=512, overlong="drop")
     packed = keys_of(loader_batches(overlong_dataset, te, buffer=8))
     assert {"long0", "long1", "long2"} <= set(te.stats.skipped_keys["overlong"])
     assert not {"long0", "long1", "long2"} & set(packed)
@@ -128,7 +130,7 @@ def test_overlong_drop_is_counted_with_keys(overlong_dataset):
 
 
 def test_overlong_truncate_keeps_images(overlong_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=512, overlong="truncate")
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=512, overlong="truncate")
     batches = list(loader_batches(overlong_dataset, te, buffer=8))
     for batch in batches:
         check_batch(batch, te)
@@ -140,7 +142,7 @@ def test_overlong_error_through_loader(overlong_dataset):
     # Energon re-raises our PackingError (a FatalSampleError) with the sample in front
     from megatron.energon.errors import FatalSampleError
 
-    te = PackingTaskEncoder(max_input_seq_length=512, overlong="error")
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=512, overlong="error")
     with pytest.raises(
         FatalSampleError,
         match=(
@@ -154,7 +156,7 @@ def test_overlong_error_through_loader(overlong_dataset):
 def test_both_content_styles_through_the_loader(tmp_path):
     import random
 
-    from energon_packing.synth import draw, encode_image, random_scene
+    from energon_packing.testing.synth import draw, encode_image, random_scene
 
     image = encode_image(draw(random_scene(random.Random(5))), "jpg")
     llava = {
@@ -182,7 +184,7 @@ def test_both_content_styles_through_the_loader(tmp_path):
         Conversation(key="hf", document=hf, images={"img0.jpg": image}),
     ]
     path = make_dataset(tmp_path, items)
-    te = PackingTaskEncoder(max_input_seq_length=1024)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=1024)
     (batch,) = list(loader_batches(path, te, buffer=8))
     check_batch(batch, te)
     cu = batch["cu_seqlens_padded"][0]
@@ -193,12 +195,12 @@ def test_both_content_styles_through_the_loader(tmp_path):
 
 
 def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch):
-    import energon_packing.task_encoder as module
+    import energon_packing.loader.task_encoder as module
 
     decoded = []
     real = module.patchify
     monkeypatch.setattr(module, "patchify", lambda data, cfg: decoded.append(1) or real(data, cfg))
-    te = PackingTaskEncoder(max_input_seq_length=2048)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
     batch = next(iter(loader_batches(synth_dataset, te, buffer=32)))
     # the whole buffer (32 conversations, ~40 images) was encoded, only this pack decoded
     assert te.stats.read >= 32
@@ -206,7 +208,7 @@ def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch
 
 
 def test_without_packing_batches_are_ordinary_padded_rows(synth_dataset):
-    te = PackingTaskEncoder(max_input_seq_length=8192, pad_multiple=8)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, pad_multiple=8)
     batches = list(loader_batches(synth_dataset, te, buffer=None, batch_size=4))
     assert sum(len(b["source_ids"]) for b in batches) == 120
     for batch in batches:
@@ -225,8 +227,8 @@ def test_without_packing_batches_are_ordinary_padded_rows(synth_dataset):
 
 
 def test_crude_route_gives_the_same_packs(synth_dataset):
-    plain = PackingTaskEncoder(max_input_seq_length=2048)
-    crude = PackingTaskEncoder(max_input_seq_length=2048)
+    plain = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
+    crude = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
     a = list(itertools.islice(loader_batches(synth_dataset, plain, buffer=16), 3))
     b = list(
         itertools.islice(
@@ -241,7 +243,7 @@ def test_crude_route_gives_the_same_packs(synth_dataset):
 def test_metadataset_example_applies_subflavor_loss_weight():
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    te = PackingTaskEncoder(max_input_seq_length=2048)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
     dataset = get_train_dataset(
         REPO / "configs" / "metadataset.yaml",
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
@@ -280,7 +282,7 @@ def energon(*args):
 def test_energon_info_and_lint_on_the_sample_data():
     info = energon("info", str(SAMPLE_DATA))
     assert info.returncode == 0, info.stderr
-    assert "ConversationSample <energon_packing.samples.ConversationSample>" in info.stdout
+    assert "ConversationSample <energon_packing.loader.samples.ConversationSample>" in info.stdout
     assert "`train`: 100%, 400 samples in 4 shards" in info.stdout
     lint = energon("lint", str(SAMPLE_DATA))
     output = lint.stdout + lint.stderr

@@ -6,22 +6,29 @@ import io
 import itertools
 import json
 import random
-import socket
-import time
 
 import numpy as np
 import pytest
 import torch
-from helpers import check_batch, loader_batches, make_dataset, raw_sample, stop_workers
+from helpers import (
+    check_batch,
+    loader_batches,
+    make_dataset,
+    raw_sample,
+    source,
+    spawn_ranks,
+    stop_workers,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.energon.errors import FatalSampleError
 from PIL import Image
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.assemble import MRope, SourceTokens, assemble, mrope_positions
+from energon_packing.encoding.positions import MRope, mrope_positions
+from energon_packing.schema import IMAGE_GRID_THW, layout
 from energon_packing.stats import MetricsAggregator
-from energon_packing.synth import conversations
+from energon_packing.testing.synth import conversations
 
 
 def png(width, height, fmt="PNG"):
@@ -167,7 +174,9 @@ def bad_dataset(tmp_path_factory):
 
 
 def run(path, **knobs):
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, max_pixels=448 * 448, **knobs)
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=CAPACITY, max_pixels=448 * 448, **knobs
+    )
     batches = list(loader_batches(path, te, buffer=8))
     for batch in batches:
         check_batch(batch, te)
@@ -223,7 +232,7 @@ def mixed_dataset(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("carry", [False, True])
 def test_accounting_reaches_the_trainer(mixed_dataset, workers, carry):
-    te = PackingTaskEncoder(max_input_seq_length=2048, carry=carry)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, carry=carry)
     aggregate = MetricsAggregator()
     packed, batches = [], 0
     for batch in loader_batches(mixed_dataset, te, buffer=8, workers=workers):
@@ -261,7 +270,7 @@ def snapshot(batch):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_restore_at_random_points(synth_dataset, workers):
-    knobs = dict(max_input_seq_length=512, carry=True, max_pixels=448 * 448)
+    knobs = dict(max_input_seq_length=512, tokenizer="bundled", carry=True, max_pixels=448 * 448)
     loader = loader_batches(
         synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True
     )
@@ -296,7 +305,10 @@ def test_a_corrupt_shard_is_skipped_with_a_report(tmp_path, workers):
     aggregate = MetricsAggregator()
     packed = []
     for batch in loader_batches(
-        path, PackingTaskEncoder(max_input_seq_length=4096), buffer=16, workers=workers
+        path,
+        PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096),
+        buffer=16,
+        workers=workers,
     ):
         aggregate.update(batch)
         packed += batch["source_ids"][0]
@@ -307,14 +319,14 @@ def test_a_corrupt_shard_is_skipped_with_a_report(tmp_path, workers):
 
 
 def test_a_failing_select_never_drops_the_buffer(synth_dataset, monkeypatch):
-    import energon_packing.algorithms as algorithms
+    import energon_packing.loader.task_encoder as module
 
     def broken(*args, **kwargs):
         raise RuntimeError("bug in select")
 
-    monkeypatch.setattr(algorithms, "select_packs", broken)
+    monkeypatch.setattr(module, "select_packs", broken)
     for carry in (False, True):
-        te = PackingTaskEncoder(max_input_seq_length=8192, carry=carry)
+        te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, carry=carry)
         packed = [
             k for b in loader_batches(synth_dataset, te, buffer=16) for k in b["source_ids"][0]
         ]
@@ -322,9 +334,9 @@ def test_a_failing_select_never_drops_the_buffer(synth_dataset, monkeypatch):
 
 
 def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
-    import energon_packing.task_encoder as module
+    import energon_packing.loader.task_encoder as module
 
-    real, calls = module.assemble, []
+    real, calls = module.layout, []
 
     def flaky(sources, **kwargs):
         calls.append(1)
@@ -332,8 +344,8 @@ def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
             raise RuntimeError("bug in assembly")
         return real(sources, **kwargs)
 
-    monkeypatch.setattr(module, "assemble", flaky)
-    te = PackingTaskEncoder(max_input_seq_length=2048)
+    monkeypatch.setattr(module, "layout", flaky)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
     aggregate = MetricsAggregator()
     packed = []
     for batch in loader_batches(synth_dataset, te, buffer=16):
@@ -345,28 +357,10 @@ def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(fn, args, timeout=240):
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(fn, args=args, nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("data-parallel processes hung")
-
-
 def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
     import dp_worker
 
-    spawn(dp_worker.epoch, (2, free_port(), str(synth_dataset), str(tmp_path / "out")))
+    spawn_ranks(dp_worker.epoch, 2, tmp_path, str(synth_dataset), str(tmp_path / "out"))
     ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     assert ranks[0]["steps"] == ranks[1]["steps"], "same microbatches and shapes at every step"
@@ -380,7 +374,7 @@ def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
 def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     import dp_worker
 
-    spawn(dp_worker.mismatch, (2, free_port(), str(tmp_path / "out")), timeout=120)
+    spawn_ranks(dp_worker.mismatch, 2, tmp_path, str(tmp_path / "out"), timeout=120)
     for rank in range(2):
         outcome = (tmp_path / f"out.{rank}").read_text()
         assert outcome.startswith(
@@ -406,14 +400,14 @@ def conversation_tokens(draw, key):
         grids.append(grid)
     ids += draw(st.lists(st.integers(6, 50), min_size=1, max_size=20))
     mask = [0.0] + [float(t >= 6) * draw(st.sampled_from([0.0, 0.5, 1.0])) for t in ids[1:]]
-    return SourceTokens(key=key, input_ids=ids, token_mask=mask, grids=grids)
+    return ids, mask, grids
 
 
 @st.composite
 def packs(draw):
     pad_multiple = draw(st.sampled_from([1, 2, 4, 8]))
     sources = [draw(conversation_tokens(f"s{k}")) for k in range(draw(st.integers(1, 5)))]
-    used = sum(-(-len(s.input_ids) // pad_multiple) * pad_multiple for s in sources)
+    used = sum(-(-len(ids) // pad_multiple) * pad_multiple for ids, _, _ in sources)
     capacity = used + pad_multiple * draw(st.integers(0, 6))
     return sources, capacity, pad_multiple
 
@@ -422,23 +416,20 @@ def packs(draw):
 @given(case=packs(), mrope=st.booleans())
 def test_any_group_that_fits_meets_the_contract(case, mrope):
     sources, capacity, pad_multiple = case
-    pack = assemble(
-        sources,
-        capacity=capacity,
-        pad_multiple=pad_multiple,
-        pad_id=0,
-        mrope=SPEC if mrope else None,
-        check=False,
-    )
+    built = [
+        source(f"s{k}", ids, mask, grids=grids, mrope=SPEC if mrope else None)
+        for k, (ids, mask, grids) in enumerate(sources)
+    ]
+    pack = layout(built, width=capacity, pad_multiple=pad_multiple, pad_id=0)
     pack.check(pad_multiple=pad_multiple, image_pad_id=5)
     assert pack.input_ids.shape == (capacity,) and pack.cu_seqlens_padded[-1] == capacity
-    for k, (source, start) in enumerate(zip(sources, pack.cu_seqlens_padded[:-1])):
-        n = len(source.input_ids)
+    for k, ((ids, _, grids), start) in enumerate(zip(sources, pack.cu_seqlens_padded[:-1])):
+        n = len(ids)
         positions = pack.position_ids[..., start : start + n]
         if mrope:  # what Qwen2-VL computes for the source alone
-            assert np.array_equal(positions, mrope_positions(source.input_ids, source.grids, SPEC))
+            assert np.array_equal(positions, mrope_positions(ids, grids, SPEC))
         else:
             assert positions.tolist() == list(range(n))
-        assert pack.image_grid_thw[pack.image_source_index == k].tolist() == [
-            list(g) for g in source.grids
+        assert pack.media[IMAGE_GRID_THW][pack.image_source_index == k].tolist() == [
+            list(g) for g in grids
         ]

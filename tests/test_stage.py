@@ -11,8 +11,8 @@ import torch
 from helpers import loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.algorithms import lower_bound, pack_stream
-from energon_packing.balance import (
+from energon_packing.packing.algorithms import lower_bound, pack_stream
+from energon_packing.packing.balance import (
     HISTORY,
     RecentCosts,
     attention_cost,
@@ -20,7 +20,7 @@ from energon_packing.balance import (
     pick,
     target_quantile,
 )
-from energon_packing.synth import sized_conversations
+from energon_packing.testing.synth import sized_conversations
 
 CAPACITY = 1024
 
@@ -47,7 +47,7 @@ def packs_of(batches):
 
 def stream_order(path):
     """The order in which the loader reads the split (workers=0, no shuffle)."""
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY)
     return [
         keys[0]
         for b in loader_batches(path, te, buffer=None, batch_size=1)
@@ -55,25 +55,35 @@ def stream_order(path):
     ]
 
 
-@pytest.mark.parametrize("carry", [False, True])
-def test_loader_runs_exactly_the_pack_stream_logic(sized_dataset, carry):
+@pytest.mark.parametrize("carry, window", [(False, 0), (True, 0), (True, 5), (False, 5)])
+def test_loader_runs_exactly_the_pack_stream_logic(sized_dataset, carry, window):
+    """Energon's own stage (carry and balancing off) and our stage (on) emit exactly the packs
+    of the pure ``pack_stream`` over the same read order: one buffer loop."""
     order = stream_order(sized_dataset)
     cost = dict(zip(KEYS, LENGTHS))
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=carry)
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=CAPACITY, carry=carry, balance_window=window
+    )
     loader_packs = packs_of(loader_batches(sized_dataset, te, buffer=24))
-    policy = te.config.carry_policy or False
-    expected = [
-        [order[i] for i in group]
-        for group in pack_stream([cost[k] for k in order], CAPACITY, buffer_size=24, carry=policy)
-    ]
-    assert loader_packs == expected
+    stream = pack_stream(
+        [cost[k] for k in order],
+        CAPACITY,
+        buffer_size=24,
+        carry=te.config.carry_policy or False,
+        balance_window=window,
+    )
+    assert loader_packs == [[order[i] for i in group] for group in stream]
 
 
 def test_carry_beats_energons_chunking_through_the_loader(sized_dataset):
     chunk = packs_of(
-        loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=16)
+        loader_batches(
+            sized_dataset,
+            PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY),
+            buffer=16,
+        )
     )
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY, carry=True)
     carried = packs_of(loader_batches(sized_dataset, te, buffer=16))
     bound = lower_bound(LENGTHS, CAPACITY)
     assert bound <= len(carried) < len(chunk)
@@ -87,7 +97,9 @@ def test_carry_beats_energons_chunking_through_the_loader(sized_dataset):
 def test_carry_exactly_once_over_ranks_and_workers(sized_dataset, workers):
     seen = []
     for rank in range(2):
-        te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True, max_carries=2)
+        te = PackingTaskEncoder(
+            tokenizer="bundled", max_input_seq_length=CAPACITY, carry=True, max_carries=2
+        )
         for batch in loader_batches(
             sized_dataset, te, buffer=12, workers=workers, rank=rank, world_size=2
         ):
@@ -113,7 +125,12 @@ def find(state, name):
 
 @pytest.mark.parametrize("balance_window", [0, 4])
 def test_restore_while_samples_are_carried(sized_dataset, balance_window):
-    knobs = dict(max_input_seq_length=CAPACITY, carry=True, balance_window=balance_window)
+    knobs = dict(
+        max_input_seq_length=CAPACITY,
+        tokenizer="bundled",
+        carry=True,
+        balance_window=balance_window,
+    )
     loader = loader_batches(sized_dataset, PackingTaskEncoder(**knobs), buffer=16, savable=True)
     it = iter(loader)
     checkpoints = []
@@ -121,7 +138,10 @@ def test_restore_while_samples_are_carried(sized_dataset, balance_window):
         next(it)
         if step in (2, 6, 9):
             checkpoints.append(loader.save_state_rank())
-    carried_at = [sum(len(c) for c in find(state, "_carry_counts")) for state in checkpoints]
+    carried_at = [
+        sum(len(loop["carry_counts"]) for loop in find(state, "_loop_state"))
+        for state in checkpoints
+    ]
     assert any(carried_at), "no checkpoint was taken while samples were carried"
     reference = [
         packs_of([b])
@@ -159,9 +179,13 @@ def test_balance_rule_pieces():
 
 def test_balance_reorders_without_changing_the_packs(sized_dataset):
     plain = packs_of(
-        loader_batches(sized_dataset, PackingTaskEncoder(max_input_seq_length=CAPACITY), buffer=32)
+        loader_batches(
+            sized_dataset,
+            PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY),
+            buffer=32,
+        )
     )
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, balance_window=6)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY, balance_window=6)
     balanced = packs_of(loader_batches(sized_dataset, te, buffer=32))
     assert balanced != plain
     assert sorted(map(tuple, balanced)) == sorted(map(tuple, plain))
@@ -175,7 +199,9 @@ def test_balanced_emission_evens_out_ranks(tmp_path):
     def step_costs(**knobs):
         per_rank = []
         for rank in range(ranks):
-            te = PackingTaskEncoder(max_input_seq_length=CAPACITY, carry=True, **knobs)
+            te = PackingTaskEncoder(
+                tokenizer="bundled", max_input_seq_length=CAPACITY, carry=True, **knobs
+            )
             batches = loader_batches(path, te, buffer=64, rank=rank, world_size=ranks)
             per_rank.append(
                 [attention_cost(torch.diff(b["cu_seqlens"][0]).tolist()) for b in batches]
@@ -195,42 +221,8 @@ def test_balanced_emission_evens_out_ranks(tmp_path):
 
 def test_carry_and_balance_knobs_validate():
     with pytest.raises(ValueError, match="balance_window must be an integer >= 0"):
-        PackingTaskEncoder(max_input_seq_length=64, balance_window=-1)
+        PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=64, balance_window=-1)
     with pytest.raises(ValueError, match="budget must be within"):
-        PackingTaskEncoder(max_input_seq_length=64, carry=True, carry_budget=1.5)
-
-
-def test_native_pushback_route_is_used_when_energon_has_it(monkeypatch):
-    import megatron.energon
-
-    from energon_packing.samples import EncodedConversation
-
-    @dataclasses.dataclass
-    class PackedSamplesOutput:  # the shape proposed upstream (Megatron-Energon PR #228)
-        packs: list
-        pushback: list
-
-    monkeypatch.setattr(megatron.energon, "PackedSamplesOutput", PackedSamplesOutput, raising=False)
-    te = PackingTaskEncoder(
-        max_input_seq_length=10, carry=True, carry_min_fill=1.0, carry_budget=0.9
-    )
-    te._buffer_size = 3
-    samples = [
-        EncodedConversation(
-            __key__=k,
-            __restore_key__=(k,),
-            input_ids=None,
-            token_mask=None,
-            images=[],
-            image_grids=[],
-            length=n,
-            cost=n,
+        PackingTaskEncoder(
+            tokenizer="bundled", max_input_seq_length=64, carry=True, carry_budget=1.5
         )
-        for k, n in (("a", 6), ("b", 4), ("c", 3))
-    ]
-    out = te.select_samples_to_pack(samples)
-    assert isinstance(out, PackedSamplesOutput)
-    assert [[s.__key__ for s in p] for p in out.packs] == [["a", "b"]]
-    assert [s.__key__ for s in out.pushback] == ["c"]
-    final = te.select_samples_to_pack(samples[2:])  # a partial buffer: end of data, no pushback
-    assert [[s.__key__ for s in p] for p in final.packs] == [["c"]] and final.pushback == []

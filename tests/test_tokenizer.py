@@ -9,13 +9,13 @@ import types
 import pytest
 from tokenizers import Tokenizer
 
-from energon_packing.tokenizer import BUNDLED_TOKENIZER, SPECIAL_TOKENS, ChatTokenizer
+from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER, SPECIAL_TOKENS, ChatTokenizer
 
 TEXT = "Weigh the flour instead of measuring it by the cup. Ünïcödé too."
 
 
 def test_bundled_tokenizer_has_the_chat_and_vision_tokens():
-    tokenizer = ChatTokenizer()
+    tokenizer = ChatTokenizer("bundled")
     ids = [tokenizer.id_of(token) for token in SPECIAL_TOKENS]
     assert len(set(ids)) == len(SPECIAL_TOKENS)
     assert tokenizer.special.pad == tokenizer.id_of("<|endoftext|>")
@@ -25,7 +25,7 @@ def test_bundled_tokenizer_has_the_chat_and_vision_tokens():
 
 def test_paths_and_objects_encode_alike(tmp_path):
     shutil.copy(BUNDLED_TOKENIZER, tmp_path / "tokenizer.json")
-    reference = ChatTokenizer().encode(TEXT)
+    reference = ChatTokenizer("bundled").encode(TEXT)
     for source in (
         tmp_path / "tokenizer.json",
         tmp_path,
@@ -34,13 +34,13 @@ def test_paths_and_objects_encode_alike(tmp_path):
     ):
         tokenizer = ChatTokenizer(source)
         assert tokenizer.encode(TEXT) == reference
-        assert tokenizer.special == ChatTokenizer().special
+        assert tokenizer.special == ChatTokenizer("bundled").special
 
 
 def test_hugging_face_tokenizer_and_processor():
     transformers = pytest.importorskip("transformers")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_TOKENIZER))
-    reference = ChatTokenizer()
+    reference = ChatTokenizer("bundled")
     for source in (hf, types.SimpleNamespace(tokenizer=hf)):  # a processor wraps its tokenizer
         tokenizer = ChatTokenizer(source)
         assert tokenizer.encode(TEXT) == reference.encode(TEXT)
@@ -57,5 +57,17 @@ def test_errors_say_what_is_missing(tmp_path):
     stripped = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     with pytest.raises(ValueError, match="has no token '<\\|image_pad\\|>'.*Qwen2-VL"):
         ChatTokenizer(stripped)
-    with pytest.raises(TypeError, match="tokenizer must be None, a path"):
+    with pytest.raises(TypeError, match="tokenizer must be 'bundled', a path"):
         ChatTokenizer(42)
+
+
+def test_a_tokenizer_is_required_and_the_bundled_one_is_named():
+    """No silent default: the demo tokenizer is chosen by name, and the error says what it is."""
+    from energon_packing import PackingTaskEncoder
+
+    with pytest.raises(
+        ValueError, match="tokenizer is required.*'bundled' is the 1,633-token demo"
+    ):
+        PackingTaskEncoder(max_input_seq_length=64)
+    te = PackingTaskEncoder(max_input_seq_length=64, tokenizer="bundled")
+    assert te.tokenizer.name == "bundled" and te.tokenizer.vocab_size == 1633

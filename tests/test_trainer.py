@@ -6,47 +6,36 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import source
 
-from energon_packing.assemble import SourceTokens, assemble
-from energon_packing.contract import PackContractError
+from energon_packing.schema import BOOKKEEPING_KEYS, PackContractError, collate, layout
 from energon_packing.trainer import (
-    BOOKKEEPING_KEYS,
     MICRO_BATCH_INDICES,
     MICRO_BATCH_LENGTHS,
-    LocalPackedSeqParams,
     check_model_inputs,
     cp_indices,
     is_prepacked,
     make_packed_seq_params,
-    microbatches,
+    micro_batch_shapes,
+    pack_microbatches,
     packed_seq_params_class,
+    padded_microbatch,
+    prepacked_microbatches,
     validate_prepacked,
 )
+from energon_packing.trainer.shim import LocalPackedSeqParams
 
 
 def design_note_pack():
-    """Two conversations, A = 5 tokens, B = 10, pad multiple 4, capacity 36 (contract.md)."""
-    pack = assemble(
-        [
-            SourceTokens(key="convA", input_ids=[11] * 5, token_mask=[1.0] * 5),
-            SourceTokens(key="convB", input_ids=[12] * 10, token_mask=[1.0] * 10),
-        ],
-        capacity=36,
+    """Two conversations, A = 5 tokens, B = 10, pad multiple 4, capacity 36 (the design
+    note's worked example)."""
+    pack = layout(
+        [source("convA", [11] * 5, [1.0] * 5), source("convB", [12] * 10, [1.0] * 10)],
+        width=36,
         pad_multiple=4,
         pad_id=0,
     )
-    return {
-        "input_ids": torch.from_numpy(pack.input_ids)[None],
-        "input_lengths": torch.tensor([36]),
-        "token_mask": torch.from_numpy(pack.token_mask)[None],
-        "sample_mask": torch.tensor([1.0]),
-        "cu_seqlens": [torch.from_numpy(pack.cu_seqlens)],
-        "cu_seqlens_padded": [torch.from_numpy(pack.cu_seqlens_padded)],
-        "position_ids": torch.from_numpy(pack.position_ids)[None],
-        "padding_mask": torch.from_numpy(pack.padding_mask)[None],
-        "source_ids": [["convA", "convB"]],
-        "__restore_key__": ("PackingDataset", 0),
-    }
+    return {**collate([pack]), "__restore_key__": ("PackingDataset", 0)}
 
 
 def ordinary_batch():
@@ -78,9 +67,13 @@ def test_detection_needs_both_boundary_keys():
 
 def test_one_pack_per_microbatch_with_shapes_published():
     batch = design_note_pack()
-    (mb,) = microbatches(batch)
-    assert batch[MICRO_BATCH_INDICES] == [[[0, 1]]]
-    assert batch[MICRO_BATCH_LENGTHS] == [[36]]
+    keys = set(batch)
+    (mb,) = prepacked_microbatches(batch)
+    assert set(batch) == keys  # the caller's batch is never mutated
+    assert micro_batch_shapes([mb]) == {
+        MICRO_BATCH_INDICES: [[[0, 1]]],
+        MICRO_BATCH_LENGTHS: [[36]],
+    }
     assert mb.model_inputs["input_ids"].shape == (1, 36) and mb.length == 36
     assert mb.source_ids == ["convA", "convB"] and mb.rows == (0,)
     # next-token targets: position t is trained on token t+1 with token t+1's weight
@@ -90,7 +83,8 @@ def test_one_pack_per_microbatch_with_shapes_published():
 
 def test_bookkeeping_never_reaches_the_model():
     batch = design_note_pack()
-    for mb in microbatches(batch) + microbatches(ordinary_batch(), token_budget=36):
+    mbs = prepacked_microbatches(batch) + pack_microbatches(ordinary_batch(), token_budget=36)
+    for mb in mbs + [padded_microbatch(ordinary_batch())]:
         assert not BOOKKEEPING_KEYS & set(mb.model_inputs)
         check_model_inputs(mb.model_inputs)
     with pytest.raises(PackContractError, match="source_ids: bookkeeping keys"):
@@ -98,19 +92,19 @@ def test_bookkeeping_never_reaches_the_model():
 
 
 def test_boundary_modes():
-    (padded,) = microbatches(design_note_pack(), boundary="padded")
+    (padded,) = prepacked_microbatches(design_note_pack(), boundary="padded")
     p = padded.model_inputs["packed_seq_params"]
     assert p.qkv_format == "thd"
     assert p.cu_seqlens_q.tolist() == p.cu_seqlens_kv.tolist() == [0, 8, 36]
     assert p.cu_seqlens_q_padded.tolist() == p.cu_seqlens_kv_padded.tolist() == [0, 8, 36]
     assert p.max_seqlen_q == p.max_seqlen_kv == 28 and not padded.pad_between_seqs
-    (real,) = microbatches(design_note_pack(), boundary="real")
+    (real,) = prepacked_microbatches(design_note_pack(), boundary="real")
     r = real.model_inputs["packed_seq_params"]
     assert r.cu_seqlens_q.tolist() == r.cu_seqlens_kv.tolist() == [0, 5, 15]
     assert r.cu_seqlens_q_padded.tolist() == [0, 8, 36] and real.pad_between_seqs
     assert r.cu_seqlens_q.dtype == torch.int32
     with pytest.raises(ValueError, match="boundary='both' is not valid"):
-        microbatches(design_note_pack(), boundary="both")
+        prepacked_microbatches(design_note_pack(), boundary="both")
 
 
 def test_packed_seq_params_class_is_megatron_cores_when_installed():
@@ -141,14 +135,14 @@ def test_context_parallel_chunks():
 
 def test_context_parallel_slices_a_prepacked_pack():
     batch = design_note_pack()
-    (mb0,) = microbatches(batch, cp_size=2, cp_rank=0, pad_multiple=4)
-    (mb1,) = microbatches(design_note_pack(), cp_size=2, cp_rank=1, pad_multiple=4)
+    (mb0,) = prepacked_microbatches(batch, cp_size=2, cp_rank=0, pad_multiple=4)
+    (mb1,) = prepacked_microbatches(design_note_pack(), cp_size=2, cp_rank=1, pad_multiple=4)
     assert mb0.model_inputs["input_ids"].shape == mb1.model_inputs["input_ids"].shape == (1, 18)
     both = torch.cat([cp_indices(torch.tensor([0, 8, 36]), 2, r) for r in (0, 1)])
     assert sorted(both.tolist()) == list(range(36))
     assert mb0.model_inputs["packed_seq_params"].local_cp_size == 2
     with pytest.raises(ValueError, match="pad_multiple=1 must be a multiple of 2\\*cp_size=4"):
-        microbatches(design_note_pack(), cp_size=2, cp_rank=0)
+        prepacked_microbatches(design_note_pack(), cp_size=2, cp_rank=0)
 
 
 @pytest.mark.parametrize(
@@ -174,58 +168,57 @@ def test_validation_names_key_numbers_and_sources(mutate, message):
     batch = design_note_pack()
     mutate(batch)
     with pytest.raises(PackContractError, match=message) as info:
-        microbatches(batch)
+        prepacked_microbatches(batch)
     assert "convA" in str(info.value)
 
 
 def test_trainer_side_pack_matches_the_design_note():
-    (mb,) = microbatches(ordinary_batch(), token_budget=36, pad_multiple=4)
+    (mb,) = pack_microbatches(ordinary_batch(), token_budget=36, pad_multiple=4)
     assert mb.model_inputs["input_ids"].shape == (1, 20)  # as wide as the batch needs
     assert mb.cu_seqlens.tolist() == [0, 5, 15]
     assert mb.cu_seqlens_padded.tolist() == [0, 8, 20]
     assert mb.source_ids == ["convA", "convB"] and mb.rows == (0, 1)
     ids = mb.model_inputs["input_ids"][0]
     assert ids[:5].tolist() == [11] * 5 and ids[8:18].tolist() == [12] * 10
-    (rounded,) = microbatches(ordinary_batch(), token_budget=36, pad_multiple=4, pack_multiple=16)
+    (rounded,) = pack_microbatches(
+        ordinary_batch(), token_budget=36, pad_multiple=4, pack_multiple=16
+    )
     assert rounded.cu_seqlens_padded.tolist() == [0, 8, 32]
 
 
 def test_trainer_side_bins_by_budget_and_dp_multiple():
-    assert [mb.rows for mb in microbatches(ordinary_batch(), token_budget=12, pad_multiple=4)] == [
+    assert [
+        mb.rows for mb in pack_microbatches(ordinary_batch(), token_budget=12, pad_multiple=4)
+    ] == [
         (1,),
         (0,),
     ]
-    (both,) = microbatches(ordinary_batch(), token_budget=36)
+    (both,) = pack_microbatches(ordinary_batch(), token_budget=36)
     assert both.rows == (0, 1)
-    split = microbatches(ordinary_batch(), token_budget=36, dp_size=2)
+    split = pack_microbatches(ordinary_batch(), token_budget=36, dp_size=2)
     assert sorted(mb.rows for mb in split) == [(0,), (1,)]
     with pytest.raises(ValueError, match="2 rows cannot fill a multiple of dp_size=3 bins"):
-        microbatches(ordinary_batch(), token_budget=36, dp_size=3)
+        pack_microbatches(ordinary_batch(), token_budget=36, dp_size=3)
     with pytest.raises(
         ValueError, match=r"row 1 \(\['convB'\]\) needs 12 tokens padded, more than token_budget=8"
     ):
-        microbatches(ordinary_batch(), token_budget=8, pad_multiple=4)
+        pack_microbatches(ordinary_batch(), token_budget=8, pad_multiple=4)
 
 
 def test_no_packing_keeps_padded_rows():
-    (mb,) = microbatches(ordinary_batch())
+    mb = padded_microbatch(ordinary_batch())
     assert mb.model_inputs["input_ids"].shape == (2, 10)
     assert mb.model_inputs["packed_seq_params"] is None
     assert mb.valid_tokens == 4 + 9
 
 
 def test_validation_counts_image_tokens_when_asked():
-    pack = assemble(
+    pack = layout(
         [
-            SourceTokens(
-                key="img",
-                input_ids=[1, 3, 5, 5, 5, 5, 4, 9],
-                token_mask=[0] * 7 + [1],
-                grids=[(1, 4, 4)],
-            ),
-            SourceTokens(key="txt", input_ids=[1, 9, 9], token_mask=[0, 1, 1]),
+            source("img", [1, 3, 5, 5, 5, 5, 4, 9], [0] * 7 + [1], grids=[(1, 4, 4)]),
+            source("txt", [1, 9, 9], [0, 1, 1]),
         ],
-        capacity=16,
+        width=16,
         pad_multiple=1,
         pad_id=0,
     )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from energon_packing.vision import (
+from energon_packing.encoding.vision import (
     ImageError,
     VisionConfig,
     grid_for,
@@ -81,7 +81,7 @@ def test_bad_bytes(data, reason):
 
 def test_huge_image_is_resized_within_max_pixels():
     data = image_bytes(3000, 2000, fmt="PNG")
-    pixels, (t, h, w) = patchify(data, SMALL)
+    pixels, (_, h, w) = patchify(data, SMALL)
     assert h * w * 14 * 14 <= SMALL.max_pixels
     assert pixels.shape == (h * w, 1176)
 

@@ -2,7 +2,7 @@
 
     python tools/train_tokenizer.py
 
-Text: every turn of 20,000 conversations from :mod:`energon_packing.synth` (text we generate
+Text: every turn of 20,000 conversations from :mod:`energon_packing.testing.synth` (text we generate
 and own). Special tokens: ChatML and the Qwen2-VL vision tokens, with Qwen2-VL's names, so
 encoder code written against this tokenizer runs unchanged with a real Qwen2-VL tokenizer.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from energon_packing.synth import corpus
-from energon_packing.tokenizer import SPECIAL_TOKENS
+from energon_packing.encoding.tokenizer import SPECIAL_TOKENS
+from energon_packing.testing.synth import corpus
 
 VOCAB_SIZE = 4096
 OUT = Path(__file__).resolve().parents[1] / "energon_packing" / "assets" / "tokenizer.json"

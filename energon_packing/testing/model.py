@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from energon_packing.trainer import cp_indices
+from energon_packing.trainer.shim import cp_indices
+
+__all__ = ["TinyConfig", "TinyVLM"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -1,4 +1,4 @@
-"""The Energon sample types and the loader that ``dataset.yaml`` points at.
+"""The Energon sample types and the sample loader that ``dataset.yaml`` points at.
 
 A shard sample is ``<key>.json`` = ``{"messages": [...], "images": ["img0.jpg", ...]}`` plus
 image parts ``<key>.img0.jpg`` / ``.png``. The loader is total: it never raises on bad data
@@ -7,9 +7,9 @@ task encoder skips the sample with that reason, counted and reported.
 
 ``.nv-meta/dataset.yaml``::
 
-    sample_type: {__module__: energon_packing.samples, __class__: ConversationSample}
-    sample_loader: {__module__: energon_packing.samples, __function__: conversation_loader}
-    part_filter: {__module__: energon_packing.samples, __function__: conversation_parts}
+    sample_type: {__module__: energon_packing.loader.samples, __class__: ConversationSample}
+    sample_loader: {__module__: energon_packing.loader.samples, __function__: conversation_loader}
+    part_filter: {__module__: energon_packing.loader.samples, __function__: conversation_parts}
 """
 
 from __future__ import annotations
@@ -21,8 +21,19 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from megatron.energon import Sample, basic_sample_keys, stateless
-from megatron.energon.edataclass import edataclass
+from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
+
+from energon_packing.schema import Pack
+
+__all__ = [
+    "ConversationSample",
+    "EncodedConversation",
+    "PackedSample",
+    "conversation_loader",
+    "conversation_parts",
+    "cook_conversation",
+    "load_conversation",
+]
 
 IMAGE_PART = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|jpeg|png)$", re.IGNORECASE)
 
@@ -61,6 +72,14 @@ class EncodedConversation(Sample):
     image_grids: list  # (t, h, w) per image
     length: int  # real tokens
     cost: int  # length padded to pad_multiple: what the packer packs
+
+
+@edataclass
+class PackedSample(Sample):
+    """One pack as it leaves ``pack_selected_samples``: the schema's :class:`Pack` plus
+    Energon's keys (``__restore_key__`` lets ``loader.restore_sample`` rebuild it)."""
+
+    pack: Pack
 
 
 def _problem(reason: str, detail: str) -> dict[str, Any]:

@@ -15,9 +15,11 @@ from pathlib import Path
 import click
 
 from energon_packing import __version__
-from energon_packing.loading import epoch
+from energon_packing.loader.loading import epoch
 
-REPO_SAMPLE_DATA = Path(__file__).resolve().parents[1] / "sample_data"
+__all__ = ["main"]
+
+REPO_SAMPLE_DATA = Path(__file__).resolve().parents[2] / "sample_data"
 
 
 def _quiet(*, progress: bool = False) -> None:
@@ -73,9 +75,9 @@ def demo(
     if data is None:
         raise click.UsageError("no bundled sample_data next to this install; pass --data PATH")
     from energon_packing import PackingTaskEncoder
-    from energon_packing.algorithms import lower_bound
-    from energon_packing.picture import draw, layout
-    from energon_packing.report import (
+    from energon_packing.packing import lower_bound
+    from energon_packing.tools.picture import draw, pack_segments
+    from energon_packing.tools.report import (
         format_paths,
         format_skipped,
         format_table,
@@ -85,7 +87,7 @@ def demo(
         recommend,
     )
 
-    knobs = dict(max_input_seq_length=capacity, pad_multiple=8, carry=True)
+    knobs = dict(max_input_seq_length=capacity, tokenizer="bundled", pad_multiple=8, carry=True)
     te = PackingTaskEncoder(**knobs)
     start = time.perf_counter()
     batches = list(epoch(data, te, packing_buffer_size=buffer))
@@ -122,7 +124,9 @@ def demo(
         )
         + "\n"
     )
-    layouts = [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches[:shown]]
+    layouts = [
+        pack_segments(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches[:shown]
+    ]
     draw(
         layouts,
         picture,
@@ -149,7 +153,10 @@ def _encoder_options(fn):
                 show_default=True,
             ),
             click.option(
-                "--tokenizer", default=None, help="Tokenizer path (default: the bundled one)."
+                "--tokenizer",
+                default="bundled",
+                show_default=True,
+                help="Tokenizer path, or 'bundled' (the demo tokenizer of the sample data).",
             ),
         ]
     ):
@@ -182,8 +189,8 @@ def stats(
 ) -> None:
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
-    from energon_packing.algorithms import ALGORITHMS
-    from energon_packing.report import (
+    from energon_packing.packing import ALGORITHMS
+    from energon_packing.tools.report import (
         format_skipped,
         format_table,
         measure_costs,
@@ -231,11 +238,11 @@ def preview(
     import itertools
 
     _quiet()
-    from energon_packing.picture import describe, draw, layout
+    from energon_packing.tools.picture import describe, draw, pack_segments
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, carry=carry)
     batches = list(itertools.islice(epoch(path, te, packing_buffer_size=buffer), count))
-    layouts = [layout(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
+    layouts = [pack_segments(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
     click.echo(describe(layouts))
     draw(layouts, picture, title=f"{path.name}: first {len(layouts)} packs (C={capacity})")
     click.echo(f"picture: {picture}")
@@ -275,11 +282,13 @@ def bench(
     import torch
 
     from energon_packing import PackingTaskEncoder
-    from energon_packing.bench import PATHS, plot, prepare, train
-    from energon_packing.model import TinyConfig
+    from energon_packing.testing.model import TinyConfig
+    from energon_packing.tools.bench import PATHS, plot, prepare, train
 
     torch.manual_seed(seed)
-    te = PackingTaskEncoder(max_input_seq_length=capacity, pad_multiple=8, carry=True)
+    te = PackingTaskEncoder(
+        max_input_seq_length=capacity, tokenizer="bundled", pad_multiple=8, carry=True
+    )
     inputs = prepare(data, te, steps=steps, buffer=buffer)
     config = TinyConfig(vocab_size=te.tokenizer.vocab_size, hidden=hidden, mlp=4 * hidden)
     curves = [
@@ -316,7 +325,7 @@ def bench(
 )
 def prepare_command(path: Path, split_parts) -> None:
     """Run `energon prepare` on a folder of WebDataset shards and write our dataset yamls."""
-    from energon_packing.prepare import prepare_dataset
+    from energon_packing.loader.prepare import prepare_dataset
 
     for written in prepare_dataset(path, split_parts=split_parts):
         click.echo(f"wrote {written}")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["Layout", "Segment", "describe", "draw", "pack_segments"]
+
 
 @dataclass(kw_only=True, slots=True)
 class Segment:
@@ -40,7 +42,7 @@ def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
     return [(offset + int(a), offset + int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def layout(batch: dict, row: int, *, image_pad_id: int) -> Layout:
+def pack_segments(batch: dict, row: int, *, image_pad_id: int) -> Layout:
     """The segments of pack ``row`` of a prepacked batch."""
     ids = batch["input_ids"][row].numpy()
     cu = batch["cu_seqlens"][row].tolist()

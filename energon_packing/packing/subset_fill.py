@@ -18,7 +18,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from energon_packing.binpack import Groups
+from energon_packing.packing.kernels import Groups
+
+__all__ = ["DEFAULT_WINDOW", "best_subset", "subset_fill"]
 
 #: Candidates per subset-sum. 16..48 measure alike on the four mixes; cost grows linearly.
 DEFAULT_WINDOW = 32

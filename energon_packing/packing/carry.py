@@ -7,13 +7,23 @@ samples of under-full packs back into the buffer lets them meet fresh samples in
     round k:  [######## full ][######## full ][###     under-full ]
                   emitted          emitted      samples carried -> round k+1
 
-Pure: no Energon, no torch. :func:`energon_packing.algorithms.select_packs` applies it.
+Pure: no Energon, no torch. :func:`energon_packing.packing.algorithms.select_packs` applies it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+__all__ = [
+    "DEFAULT_BUDGET",
+    "DEFAULT_MAX_CARRIES",
+    "DEFAULT_MIN_FILL",
+    "CarryPolicy",
+    "Selection",
+    "emit_all",
+    "split",
+]
 
 #: A sample is carried at most this many times, then emitted.
 DEFAULT_MAX_CARRIES = 4

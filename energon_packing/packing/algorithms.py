@@ -1,4 +1,4 @@
-"""Packing algorithms by name, the lower bound, and the buffered stream packer.
+"""Packing algorithms by name, the lower bound, one select round, and the stream packer.
 
 Pure Python: imports neither Energon nor torch, so the loader worker, the trainer shim and the
 benchmarks all run exactly this code.
@@ -7,8 +7,8 @@ benchmarks all run exactly this code.
     pack(...) [[0, 2], [1, 3, 4]]   # indices into lengths, every index exactly once
                6+4=10   5+3+2=10
 
-``pack_stream`` is the single source of the loader's select logic: the Energon task encoder
-calls :func:`select_packs` on its buffer, exactly as ``pack_stream`` does on each buffer here.
+The loader's select is :func:`select_packs`, and :func:`pack_stream` drives it through the same
+buffer loop (:class:`~energon_packing.packing.stream.PackingLoop`) as the Energon carry stage.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
-from energon_packing import binpack
-from energon_packing.carry import CarryPolicy, Selection, emit_all, split
-from energon_packing.fill import subset_fill
+from energon_packing.packing import kernels
+from energon_packing.packing.balance import attention_cost
+from energon_packing.packing.carry import CarryPolicy, Selection, emit_all, split
+from energon_packing.packing.stream import ListBuffer, LoopState, PackingLoop
+from energon_packing.packing.subset_fill import subset_fill
 
 __all__ = [
     "ALGORITHMS",
@@ -34,6 +36,7 @@ __all__ = [
     "lower_bound",
     "pack",
     "pack_stream",
+    "round_up",
     "select_packs",
 ]
 
@@ -54,6 +57,11 @@ DEFAULT_ALGORITHM = "subset_fill"
 #: (a seeded shuffle first): one pass over everything leaves its awkward items for the last
 #: packs, carry rounds keep mixing them with fresh ones.
 OFFLINE_BUFFER = 1024
+
+
+def round_up(value: int, multiple: int) -> int:
+    """``value`` padded up to a multiple of ``multiple`` (a source's padded length)."""
+    return -(-value // multiple) * multiple
 
 
 def check_algorithm(algorithm: str) -> str:
@@ -160,15 +168,15 @@ def candidates(
     if not lengths:
         return [[]]
     if algorithm == "subset_fill":
-        ffd = binpack.greedy_knapsack(lengths, capacity, max_per_pack)
+        ffd = kernels.greedy_knapsack(lengths, capacity, max_per_pack)
         if len(lengths) <= OFFLINE_BUFFER:
             return [subset_fill(lengths, capacity, max_per_pack), ffd]
         return [_offline_rounds(lengths, capacity, max_per_pack, seed), ffd]
     if algorithm == "first_fit_shuffle":
-        return [binpack.first_fit_shuffle(lengths, capacity, max_per_pack, seed)]
+        return [kernels.first_fit_shuffle(lengths, capacity, max_per_pack, seed)]
     if algorithm == "balanced_greedy_knapsack":
-        return [binpack.balanced_greedy_knapsack(lengths, capacity, max_per_pack, delta)]
-    return [getattr(binpack, algorithm)(lengths, capacity, max_per_pack)]
+        return [kernels.balanced_greedy_knapsack(lengths, capacity, max_per_pack, delta)]
+    return [getattr(kernels, algorithm)(lengths, capacity, max_per_pack)]
 
 
 def _offline_rounds(
@@ -288,44 +296,41 @@ def pack_stream(
     max_per_pack: int | None = None,
     seed: int = 0,
     delta: int = 0,
+    balance_window: int = 0,
 ) -> Iterator[list[int]]:
     """Packs a stream through a buffer of ``buffer_size`` samples, as the loader does.
 
-    ``carry=False`` is Energon 7.4.1's behaviour: fill the buffer, pack it, emit every pack,
-    repeat; the last partial buffer is packed too. ``carry=True`` (or a :class:`CarryPolicy`)
-    keeps the samples of under-full packs in the buffer for the next round; the buffer never
-    exceeds ``buffer_size`` and everything left is flushed at the end of the stream.
+    ``carry=False`` is Energon's behaviour: fill the buffer, pack it, emit every pack, repeat;
+    the last partial buffer is packed too. ``carry=True`` (or a :class:`CarryPolicy`) keeps the
+    samples of under-full packs in the buffer for the next round; the buffer never exceeds
+    ``buffer_size`` and everything left is flushed at the end of the stream.
+    ``balance_window=W`` reorders the packs as the loader's balanced emission does.
 
     Yields:
         Packs as lists of indices into the stream.
     """
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be an integer >= 1, got {buffer_size!r}")
+    if (
+        isinstance(balance_window, bool)
+        or not isinstance(balance_window, int)
+        or balance_window < 0
+    ):
+        raise ValueError(f"balance_window must be an integer >= 0, got {balance_window!r}")
     check_lengths([], capacity)
     check_algorithm(algorithm)
     _check_max_per_pack(max_per_pack)
     policy = CarryPolicy() if carry is True else (carry or None)
-    source = iter(lengths)
-    buffer: list[int] = []  # stream indices
-    sizes: list[int] = []
-    counts: list[int] = []
-    position = 0
-    exhausted = False
-    while True:
-        while len(buffer) < buffer_size:
-            try:
-                length = next(source)
-            except StopIteration:
-                exhausted = True
-                break
-            buffer.append(position)
+    sizes: list[int] = []  # by stream position
+
+    def positions() -> Iterator[int]:
+        for position, length in enumerate(lengths):
             sizes.append(check_length(position, length, capacity))
-            counts.append(0)
-            position += 1
-        if not buffer:
-            return
-        selection = select_packs(
-            sizes,
+            yield position
+
+    def select(buffered: list[int], counts: list[int], final: bool) -> Selection:
+        return select_packs(
+            [sizes[i] for i in buffered],
             capacity,
             algorithm=algorithm,
             max_per_pack=max_per_pack,
@@ -334,10 +339,14 @@ def pack_stream(
             carry=policy,
             carry_counts=counts,
             buffer_size=buffer_size,
-            final=exhausted,
+            final=final,
         )
-        for group in selection.packs:
-            yield [buffer[i] for i in group]
-        buffer = [buffer[i] for i in selection.carried]
-        sizes = [sizes[i] for i in selection.carried]
-        counts = [counts[i] + 1 for i in selection.carried]
+
+    loop = PackingLoop(
+        buffer_size=buffer_size,
+        select=select,
+        pack_cost=lambda group: attention_cost([sizes[i] for i in group]),
+        balance_window=balance_window,
+        balance_seed=seed,
+    )
+    yield from loop.run(positions(), ListBuffer(), ListBuffer(), LoopState())

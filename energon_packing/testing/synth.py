@@ -20,6 +20,18 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+__all__ = [
+    "Conversation",
+    "conversation",
+    "conversations",
+    "corpus",
+    "draw",
+    "encode_image",
+    "random_scene",
+    "sized_conversations",
+    "write_shards",
+]
+
 COLORS = {
     "red": (214, 48, 49),
     "green": (46, 160, 67),
@@ -415,7 +427,7 @@ def corpus(n: int, *, seed: int) -> Iterator[str]:
 def _overhead(tokenizer) -> int:
     """Tokens of a sized conversation around its answer words (ChatML headers and ends)."""
     from energon_packing.config import PackingConfig
-    from energon_packing.encoding import encode
+    from energon_packing.encoding.builtin import encode
 
     probe = encode(
         key="probe",
@@ -439,9 +451,9 @@ def sized_conversations(
 ) -> Iterator[Conversation]:
     """Text-only conversations of exactly these token lengths (bundled tokenizer), for
     benchmarks that need a length mix through the real loader."""
-    from energon_packing.tokenizer import ChatTokenizer
+    from energon_packing.encoding.tokenizer import ChatTokenizer
 
-    overhead = _overhead(tokenizer or ChatTokenizer())
+    overhead = _overhead(tokenizer or ChatTokenizer("bundled"))
     for index, length in enumerate(lengths):
         if length <= overhead:
             raise ValueError(f"length {length} is below the {overhead + 1}-token minimum")

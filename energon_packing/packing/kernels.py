@@ -1,8 +1,8 @@
 """Bin-packing kernels over validated integer lengths.
 
 Every function here takes ``lengths`` (positive ints, each ``<= capacity``), ``capacity`` and
-``max_per_pack`` (``None`` or ``>= 1``) already checked by :mod:`energon_packing.algorithms`, and
-returns groups of indices into ``lengths``, in the order the algorithm closes them, each group in
+``max_per_pack`` (``None`` or ``>= 1``) already checked by :mod:`.algorithms`, and returns
+groups of indices into ``lengths``, in the order the algorithm closes them, each group in
 insertion order. No function scans the open packs per item: first fit descends a max segment tree
 over packs, and every "largest/smallest size that fits" question is answered by :class:`SizeBag`,
 a bitset over size values, in O(capacity / 64) machine words per query.
@@ -17,6 +17,18 @@ import heapq
 import random
 from collections.abc import Sequence
 
+__all__ = [
+    "Groups",
+    "SizeBag",
+    "balanced_greedy_knapsack",
+    "best_fit_decreasing",
+    "concatenative",
+    "first_fit_decreasing",
+    "first_fit_shuffle",
+    "greedy_knapsack",
+    "modified_first_fit_decreasing",
+]
+
 Groups = list[list[int]]
 
 
@@ -27,7 +39,7 @@ class SizeBag:
     ``bit_length`` evaluated in C. Entries of equal size leave lowest ident first.
     """
 
-    __slots__ = ("_mask", "_ids", "_count")
+    __slots__ = ("_count", "_ids", "_mask")
 
     def __init__(self) -> None:
         self._mask = 0

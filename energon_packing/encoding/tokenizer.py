@@ -1,8 +1,9 @@
 """The few things encoding needs from a tokenizer, over whatever the user has.
 
-Accepted: ``None`` (the bundled byte-level BPE, ``assets/tokenizer.json``, trained by
-``tools/train_tokenizer.py`` on text this project generates), a ``tokenizers.Tokenizer``, any
-Hugging Face tokenizer or processor object (a processor's ``.tokenizer`` is used), or a local
+Accepted: ``"bundled"`` (a 1,633-token byte-level BPE, ``assets/tokenizer.json``, trained by
+``tools/train_tokenizer.py`` on the text :mod:`energon_packing.testing.synth` generates: for the
+demo, the sample data and the tests, not for training a real model), a ``tokenizers.Tokenizer``,
+any Hugging Face tokenizer or processor object (a processor's ``.tokenizer`` is used), or a local
 path (a ``tokenizer.json`` file or a directory holding one; with ``transformers`` installed a
 directory is loaded by ``AutoTokenizer`` with ``local_files_only=True``). Nothing is ever
 downloaded.
@@ -25,7 +26,11 @@ VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
 
-BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
+#: ``tokenizer="bundled"``: the demo / test tokenizer shipped with the package.
+BUNDLED = "bundled"
+BUNDLED_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tokenizer.json"
+
+__all__ = ["BUNDLED", "SPECIAL_TOKENS", "ChatTokenizer", "SpecialIds"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -46,7 +51,7 @@ class ChatTokenizer:
         pad_token: Token used for padding when the tokenizer declares no pad token.
     """
 
-    def __init__(self, tokenizer: Any = None, *, pad_token: str = PAD_TOKEN):
+    def __init__(self, tokenizer: Any, *, pad_token: str = PAD_TOKEN):
         self.name, self._inner = _resolve(tokenizer)
         self._is_hf = not _is_tokenizers_object(self._inner)
         pad = getattr(self._inner, "pad_token_id", None) if self._is_hf else None
@@ -114,7 +119,13 @@ def _resolve(tokenizer: Any) -> tuple[str, Any]:
     from tokenizers import Tokenizer
 
     if tokenizer is None:
-        return "bundled", Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+        raise ValueError(
+            "tokenizer is required: a Hugging Face tokenizer or processor, a tokenizers.Tokenizer "
+            "or a local path (nothing is downloaded); tokenizer='bundled' is the 1,633-token demo "
+            "tokenizer of the sample data and the tests"
+        )
+    if isinstance(tokenizer, str) and tokenizer == BUNDLED:
+        return BUNDLED, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     if isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer)
         if path.is_file():
@@ -136,6 +147,6 @@ def _resolve(tokenizer: Any) -> tuple[str, Any]:
     if _is_tokenizers_object(tokenizer) or hasattr(tokenizer, "get_vocab"):
         return type(tokenizer).__name__, tokenizer
     raise TypeError(
-        f"tokenizer must be None, a path, a tokenizers.Tokenizer or a Hugging Face "
+        f"tokenizer must be 'bundled', a path, a tokenizers.Tokenizer or a Hugging Face "
         f"tokenizer/processor, got {type(tokenizer).__name__}"
     )

@@ -16,17 +16,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+__all__ = ["CRUDE_DATASET_YAML", "DATASET_YAML", "prepare_dataset", "write_yamls"]
+
 #: ``.nv-meta/dataset.yaml``: our sample type and loader (``energon info/lint/preview`` work).
 DATASET_YAML = """\
 # energon_packing: one conversation per sample; images stay compressed bytes until packing.
 sample_type:
-  __module__: energon_packing.samples
+  __module__: energon_packing.loader.samples
   __class__: ConversationSample
 sample_loader:
-  __module__: energon_packing.samples
+  __module__: energon_packing.loader.samples
   __function__: conversation_loader
 part_filter:
-  __module__: energon_packing.samples
+  __module__: energon_packing.loader.samples
   __function__: conversation_parts
 """
 

@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+__all__ = ["epoch"]
+
 
 def epoch(
     path: Path | str,

@@ -24,8 +24,16 @@ from typing import Any
 
 import torch
 
-from energon_packing.model import TinyConfig, TinyVLM
-from energon_packing.trainer import Microbatch, microbatches, token_loss
+from energon_packing.testing.model import TinyConfig, TinyVLM
+from energon_packing.trainer import (
+    Microbatch,
+    pack_microbatches,
+    padded_microbatch,
+    prepacked_microbatches,
+    token_loss,
+)
+
+__all__ = ["PATHS", "Curve", "plot", "prepare", "train"]
 
 PATHS = ("loader packs", "trainer packs", "padded batches")
 
@@ -51,7 +59,7 @@ def prepare(
     path: Path | str, task_encoder: Any, *, steps: int, buffer: int
 ) -> tuple[list[list[Microbatch]], list[list[Microbatch]], list[list[Microbatch]]]:
     """Microbatches of every step for the three paths, over the same conversation groups."""
-    from energon_packing.loading import epoch
+    from energon_packing.loader.loading import epoch
 
     packs = list(itertools.islice(epoch(path, task_encoder, packing_buffer_size=buffer), steps))
     unpacked = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
@@ -60,10 +68,10 @@ def prepare(
     capacity, multiple = task_encoder.config.max_input_seq_length, task_encoder.config.pad_multiple
     loader, trainer, padded = [], [], []
     for batch in packs:
-        loader.append(microbatches(batch, image_token_id=image, pad_multiple=multiple))
+        loader.append(prepacked_microbatches(batch, image_token_id=image, pad_multiple=multiple))
         rows = task_encoder.batch([encoded[key] for key in batch["source_ids"][0]])
         trainer.append(
-            microbatches(
+            pack_microbatches(
                 rows,
                 image_token_id=image,
                 token_budget=capacity,
@@ -71,7 +79,7 @@ def prepare(
                 pad_id=task_encoder.tokenizer.special.pad,
             )
         )
-        padded.append(microbatches(rows, image_token_id=image))
+        padded.append([padded_microbatch(rows, image_token_id=image)])
     return loader, trainer, padded
 
 

@@ -25,6 +25,18 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MIN_PIXELS",
+    "ImageError",
+    "VisionConfig",
+    "grid_for",
+    "patchify",
+    "probe",
+    "smart_resize",
+    "tokens_for",
+]
+
 
 class ImageError(ValueError):
     """An image that cannot be costed or decoded; ``reason`` is a skip-report key."""

@@ -23,6 +23,8 @@ import bisect
 import math
 from collections.abc import Sequence
 
+__all__ = ["HISTORY", "RecentCosts", "attention_cost", "imbalance", "pick", "target_quantile"]
+
 GOLDEN = (math.sqrt(5) - 1) / 2
 #: Recent pack costs a rank remembers for its quantiles.
 HISTORY = 2048

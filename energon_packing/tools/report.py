@@ -13,14 +13,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from energon_packing.algorithms import (
+from energon_packing.packing.algorithms import (
     ALGORITHMS,
     DEFAULT_ALGORITHM,
     lower_bound,
     pack,
     pack_stream,
+    round_up,
 )
-from energon_packing.contract import round_up
+
+__all__ = [
+    "TRAINER_DEFAULT",
+    "Measured",
+    "PathCost",
+    "Row",
+    "format_paths",
+    "format_skipped",
+    "format_table",
+    "loader_vs_trainer",
+    "measure_costs",
+    "packing_table",
+    "recommend",
+]
 
 TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
 
@@ -59,7 +73,7 @@ class Row:
 def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True) -> Measured:
     """Encodes every conversation of the train split once (no pixels decoded) and records its
     packing cost, with the loader's read order."""
-    from energon_packing.loading import epoch
+    from energon_packing.loader.loading import epoch
 
     keys, costs, lengths = [], [], []
     samples: Iterable = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)

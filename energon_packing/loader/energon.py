@@ -1,0 +1,301 @@
+"""Every use of Megatron-Energon internals, in one module, checked at construction.
+
+Two things Energon does not offer publicly:
+
+* **carry and balanced emission.** Energon's ``PackingDataset`` clears its reading buffer
+  before every select, so samples of under-full packs cannot wait for better partners (and
+  whatever select does not return is lost). :class:`CarryPackingDataset` is a
+  ``PackingDataset`` whose loop is the pure :class:`~energon_packing.packing.stream.PackingLoop`,
+  run over Energon's own savable buffers: carried samples and the loop's counters are saved
+  and restored by Energon's checkpointing like any buffered sample, and restore keys keep
+  ``PackingDataset``'s layout, so ``loader.restore_sample`` works unchanged.
+* **corrupt shards.** A sample whose tar bytes cannot be read (a truncated or overwritten
+  shard, a shard deleted after ``energon prepare``) raises out of Energon's reader and ends the
+  epoch. :func:`make_tolerant` wraps every shard reader: such a sample comes back marked
+  ``__corrupt__``, the sample loader turns it into a ``corrupt_shard`` skip, reading goes on.
+
+:func:`check_energon` verifies that every internal used here exists in the installed release
+and raises :class:`EnergonCompatibilityError` naming the release and the missing name; the
+task encoder calls it when it is constructed, so a rename upstream is a clear error, never a
+silent no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tarfile
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from importlib.metadata import version
+from typing import Any
+
+from megatron.energon.flavors.base_dataset import SavableDataset, set_sample_restore_key
+from megatron.energon.flavors.webdataset.itar_reader import ITarReader
+from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers import PackingDataset
+from megatron.energon.wrappers.base import get_sample_restore_key
+from megatron.energon.wrappers.buffer import SavableSampleBuffer
+
+from energon_packing.packing.stream import LoopState, PackingLoop, Selector
+
+__all__ = [
+    "ENERGON_VERSION",
+    "SUPPORTED_ENERGON",
+    "CarryPackingDataset",
+    "EnergonCompatibilityError",
+    "TolerantReader",
+    "check_energon",
+    "make_tolerant",
+]
+
+ENERGON_VERSION = version("megatron-energon")
+#: The releases the loader tests pass on (``.ci/run`` runs them on both ends of the range).
+SUPPORTED_ENERGON = ">=7.2.0,<7.5"
+
+#: (owner, attribute, what uses it): every Energon internal this module touches.
+_INTERNALS: tuple[tuple[type, str, str], ...] = (
+    (PackingDataset, "_reading_buffer", "the carry stage's reading buffer"),
+    (PackingDataset, "_pre_packing_buffer", "the carry stage's pending packs"),
+    (PackingDataset, "_pre_packing_sample_index", "the carry stage's select index"),
+    (PackingDataset, "_final_packing_sample_index", "the carry stage's pack index"),
+    (PackingDataset, "_sample_encoder_sample_index", "the carry stage's checkpoint"),
+    (PackingDataset, "_final_pack_failure_handler", "the carry stage's error handling"),
+    (PackingDataset, "_savable_fields", "the carry stage's checkpoint"),
+    (PackingDataset, "reset_state_own", "the carry stage's state"),
+    (SavableDataset, "_function_config", "the carry stage's config()"),
+    (SavableSampleBuffer, "worker_start", "the carry stage's buffers"),
+    (SavableSampleBuffer, "len_worker", "the carry stage's buffers"),
+    (SavableSampleBuffer, "flush", "the carry stage's buffers"),
+    (SavableSampleBuffer, "extend", "the carry stage's buffers"),
+    (SavableSampleBuffer, "buffer", "the carry stage's buffers"),
+    (WebdatasetSampleLoaderDataset, "join_readers", "the corrupt-shard tolerance"),
+    (ITarReader, "tar_filenames", "corrupt-shard keys"),
+    (ITarReader, "_get_itar_sample_pointer", "corrupt-shard keys"),
+)
+
+
+class EnergonCompatibilityError(RuntimeError):
+    """The installed Energon release lacks an internal this package needs."""
+
+
+def _has(owner: type, name: str) -> bool:
+    return hasattr(owner, name) or any(
+        name in getattr(klass, "__annotations__", {}) for klass in owner.__mro__
+    )
+
+
+@lru_cache(maxsize=1)
+def check_energon() -> None:
+    """Raises :class:`EnergonCompatibilityError` naming the release and the first missing
+    internal, unless every internal this module uses exists."""
+    for owner, name, purpose in _INTERNALS:
+        if not _has(owner, name):
+            raise EnergonCompatibilityError(
+                f"megatron-energon {ENERGON_VERSION}: {owner.__name__}.{name} (used for "
+                f"{purpose}) does not exist in this release; energon_packing supports "
+                f"megatron-energon{SUPPORTED_ENERGON}. Install a supported release."
+            )
+    missing = [f for f in PackingDataset._savable_fields if not _has(PackingDataset, f)]
+    if missing:
+        raise EnergonCompatibilityError(
+            f"megatron-energon {ENERGON_VERSION}: PackingDataset saves {missing}, which it does "
+            f"not declare; energon_packing supports megatron-energon{SUPPORTED_ENERGON}"
+        )
+
+
+# ---- carry and balanced emission -------------------------------------------------------------
+
+
+class _EnergonBuffer:
+    """:class:`~energon_packing.packing.stream.Buffer` over Energon's ``SavableSampleBuffer``
+    (which keeps each sample's restore key beside it)."""
+
+    def __init__(self, inner: SavableSampleBuffer):
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return self.inner.len_worker()
+
+    def append(self, sample: Any) -> None:
+        self.inner.append(sample)
+
+    def take_all(self) -> tuple[list, list]:
+        samples, keys = self.inner.flush()
+        return samples, list(keys)
+
+    def put(self, samples: list, keys: list) -> None:
+        self.inner.extend(samples, keys)
+
+    def take(self, start: int, count: int) -> list:
+        taken = self.inner.buffer[start : start + count]
+        del self.inner[start : start + count]
+        return taken
+
+
+class CarryPackingDataset(PackingDataset):
+    """``PackingDataset`` with carry and (optionally) rank-balanced emission.
+
+    Args:
+        dataset: The encoded samples.
+        buffer_size: The reading buffer (plus, without balancing, the pending packs) never
+            exceeds this many samples.
+        selector: Groups the buffer and names the samples to carry (the task encoder's
+            ``select_with_carry``, i.e. ``packing.select_packs``).
+        final_packer: ``pack_selected_samples``.
+        pack_cost: Attention cost of a group, for balanced emission.
+        balance_window: Pool of selected packs to choose from (0: emit in selection order).
+        balance_seed: Seed of the shared target sequence (the same on every rank).
+    """
+
+    _savable_fields = (
+        "_reading_buffer",
+        "_pre_packing_buffer",
+        "_pre_packing_sample_index",
+        "_final_packing_sample_index",
+        "_loop_state",
+    )
+
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        buffer_size: int,
+        *,
+        selector: Selector,
+        final_packer: Callable,
+        pack_cost: Callable[[list], int],
+        balance_window: int = 0,
+        balance_seed: int = 0,
+        worker_config: WorkerConfig,
+        final_packer_failure_tolerance: int = 100,
+    ):
+        check_energon()
+        self.selector = selector
+        self.loop = PackingLoop(
+            buffer_size=buffer_size,
+            select=self._select,
+            pack_cost=pack_cost,
+            balance_window=balance_window,
+            balance_seed=balance_seed,
+        )
+        super().__init__(
+            dataset,
+            buffer_size,
+            pre_packer=selector,
+            final_packer=final_packer,
+            final_packer_stateless=True,
+            final_packer_failure_tolerance=final_packer_failure_tolerance,
+            worker_config=worker_config,
+        )
+
+    def reset_state_own(self) -> None:
+        super().reset_state_own()
+        self.state = LoopState()
+
+    @property
+    def _loop_state(self) -> dict:
+        """The loop's counters as plain builtins, which is what Energon saves as they are."""
+        return dataclasses.asdict(self.state)
+
+    @_loop_state.setter
+    def _loop_state(self, value: dict) -> None:
+        self.state = LoopState(**value)
+
+    def _select(self, samples: list, counts: list, final: bool) -> Any:
+        with self._pre_packing_sample_index.ctx():
+            return self.selector(samples, counts, final)
+
+    def __iter__(self) -> Iterator[Any]:
+        reading = _EnergonBuffer(self._reading_buffer)
+        pending = _EnergonBuffer(self._pre_packing_buffer)
+        self._reading_buffer.worker_start()
+        self._pre_packing_buffer.worker_start()
+        for members in self.loop.run(iter(self.dataset), reading, pending, self.state):
+            member_keys = tuple(get_sample_restore_key(s) for s in members)
+            with self._final_pack_failure_handler.handle_errors(members):
+                with self._final_packing_sample_index.ctx() as pack_index:
+                    packed = self.final_packer(members)
+                yield set_sample_restore_key(packed, pack_index, *member_keys, src=self)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "carry_select": self._function_config(self.selector),
+            "balance_window": self.loop.balance_window,
+            "balance_seed": self.loop.balance_seed,
+        }
+
+
+# ---- corrupt shards --------------------------------------------------------------------------
+
+#: What Energon's tar reader raises for unreadable bytes (ValueError: "Unexpected end of tar
+#: file", "Inconsistent sample base name"; OSError: missing or unreadable shard files).
+READ_ERRORS = (tarfile.TarError, EOFError, OSError, ValueError)
+
+
+class TolerantReader:
+    """An Energon ``ITarReader`` whose unreadable samples come back marked ``__corrupt__``."""
+
+    def __init__(self, reader: Any):
+        self.reader = reader
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.reader[index]
+        except READ_ERRORS as e:
+            shard = self._shard(index)
+            return {
+                "__key__": f"{shard}#{index}",
+                "__shard__": shard,
+                "__restore_key__": ("Webdataset", index),
+                "__sources__": (),
+                "__corrupt__": f"{shard}: {type(e).__name__}: {e}",
+            }
+
+    def _shard(self, index: int) -> str:
+        try:
+            return str(
+                self.reader.tar_filenames[self.reader._get_itar_sample_pointer(index).tar_file_id]
+            )
+        except Exception:  # the index itself may be what is broken
+            return "unknown-shard"
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
+
+
+def make_tolerant(dataset: Any) -> int:
+    """Wraps the shard readers of every webdataset loader inside ``dataset``; returns how many
+    readers are tolerant now. Raises :class:`EnergonCompatibilityError` if it finds none (the
+    dataset's structure is not what this release of the package knows)."""
+    wrapped = _wrap(dataset, set())
+    if not wrapped:
+        raise EnergonCompatibilityError(
+            f"megatron-energon {ENERGON_VERSION}: found no WebdatasetSampleLoaderDataset with "
+            f"shard readers inside {type(dataset).__name__}; corrupt shards would end the epoch. "
+            f"energon_packing supports megatron-energon{SUPPORTED_ENERGON}"
+        )
+    return wrapped
+
+
+def _wrap(dataset: Any, seen: set[int]) -> int:
+    if id(dataset) in seen:
+        return 0
+    seen.add(id(dataset))
+    if isinstance(dataset, WebdatasetSampleLoaderDataset):
+        dataset.join_readers = [
+            r if isinstance(r, TolerantReader) else TolerantReader(r) for r in dataset.join_readers
+        ]
+        return len(dataset.join_readers)
+    wrapped = 0
+    for value in vars(dataset).values():
+        children = value if isinstance(value, (list, tuple)) else (value,)
+        for child in children:
+            if isinstance(child, tuple):  # BlendDataset keeps (dataset, weight) pairs
+                child = child[0] if child else None
+            if isinstance(child, SavableDataset):
+                wrapped += _wrap(child, seen)
+    return wrapped

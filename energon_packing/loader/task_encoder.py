@@ -1,0 +1,357 @@
+"""The Energon task encoder: conversations in, full-width packs out.
+
+Energon's hooks, thin; the work is in :mod:`energon_packing.encoding`,
+:mod:`energon_packing.packing` and :func:`energon_packing.schema.layout`::
+
+    read -> encode_sample (tokens + image sizes from headers, no pixels)
+         -> select_samples_to_pack (packing.select_packs over the buffer)
+         -> pack_selected_samples (decode this pack's images, lay the row out C wide)
+         -> batch (schema.collate: B packs, normally 1)
+
+Use::
+
+    te = PackingTaskEncoder(max_input_seq_length=8192, tokenizer=hf_tokenizer, pad_multiple=8)
+    ds = get_train_dataset(path, worker_config=wc, batch_size=1, packing_buffer_size=256,
+                           task_encoder=te, shuffle_buffer_size=None, max_samples_per_sequence=None)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from megatron.energon import Cooker, SkipSample, TaskEncoder, WorkerConfig, stateless
+from megatron.energon.errors import FatalSampleError
+
+from energon_packing.config import PackingConfig
+from energon_packing.encoding.builtin import encode
+from energon_packing.encoding.chat import OverlongError, Skip
+from energon_packing.encoding.positions import MRope, mrope_positions
+from energon_packing.encoding.tokenizer import ChatTokenizer
+from energon_packing.encoding.vision import ImageError, patchify
+from energon_packing.loader.energon import CarryPackingDataset, check_energon, make_tolerant
+from energon_packing.loader.samples import (
+    ConversationSample,
+    EncodedConversation,
+    PackedSample,
+    cook_conversation,
+)
+from energon_packing.packing.algorithms import DEFAULT_ALGORITHM, round_up, select_packs
+from energon_packing.packing.balance import attention_cost
+from energon_packing.packing.carry import Selection
+from energon_packing.schema import (
+    IMAGE_GRID_THW,
+    PACKING_METRICS,
+    PACKING_SKIPPED,
+    PIXEL_VALUES,
+    RESTORE_KEY,
+    Pack,
+    Source,
+    collate,
+    layout,
+)
+from energon_packing.stats import PackingStats
+
+__all__ = ["MAX_CONSECUTIVE_ERRORS", "PackingError", "PackingTaskEncoder"]
+
+logger = logging.getLogger("energon_packing")
+
+#: Unexpected errors in a row (a bug, not bad data) after which the loader stops.
+MAX_CONSECUTIVE_ERRORS = 100
+
+
+class PackingError(FatalSampleError):
+    """Stops the loader (Energon does not swallow it): a sample the configuration forbids."""
+
+
+class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, PackedSample, dict]):
+    """Packs multimodal conversations inside the Energon loader.
+
+    Args:
+        max_input_seq_length: Pack width C; every pack is exactly C tokens wide.
+        tokenizer: A Hugging Face tokenizer or processor, a ``tokenizers.Tokenizer`` or a local
+            path (never downloads); ``"bundled"`` is the package's 1,633-token demo tokenizer
+            (sample data, tests).
+        pad_multiple: Each conversation is padded to a multiple of this.
+        algorithm: Packing algorithm (``energon_packing.packing.ALGORITHMS``).
+        overlong: ``"drop"``, ``"truncate"`` or ``"error"`` for conversations longer than C.
+        max_per_pack: At most this many conversations per pack.
+        **options: Any other :class:`~energon_packing.config.PackingConfig` knob.
+    """
+
+    #: Images stay compressed until their pack is emitted: no Energon-side decoding.
+    decoder = None
+    #: For crude datasets (``__class__: CrudeWebdataset`` in the dataset yaml).
+    cookers = (Cooker(cook_conversation),)
+
+    def __init__(
+        self,
+        *,
+        max_input_seq_length: int,
+        tokenizer: Any = None,
+        pad_multiple: int = 1,
+        algorithm: str = DEFAULT_ALGORITHM,
+        overlong: str = "drop",
+        max_per_pack: int | None = None,
+        **options: Any,
+    ):
+        check_energon()
+        self.config = PackingConfig.from_dict(
+            dict(
+                max_input_seq_length=max_input_seq_length,
+                pad_multiple=pad_multiple,
+                algorithm=algorithm,
+                overlong=overlong,
+                max_per_pack=max_per_pack,
+                **options,
+            )
+        )
+        self.tokenizer = ChatTokenizer(tokenizer)
+        self.stats = PackingStats()
+        self._buffer_size: int | None = None  # set by build_batch
+        self._errors_in_a_row = 0
+        special = self.tokenizer.special
+        self._mrope = (
+            MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
+            if self.config.mrope
+            else None
+        )
+
+    @classmethod
+    def from_config(cls, config: PackingConfig | dict, *, tokenizer: Any) -> PackingTaskEncoder:
+        values = config.to_dict() if isinstance(config, PackingConfig) else dict(config)
+        return cls(tokenizer=tokenizer, **values)
+
+    # ---- Energon hooks ------------------------------------------------------------------
+
+    @stateless
+    def encode_sample(self, sample: ConversationSample) -> EncodedConversation:
+        key = sample.__key__
+        self.stats.read += 1
+        try:
+            if sample.problem:
+                reason, _, detail = sample.problem.partition(": ")
+                raise Skip(reason, detail)
+            subflavors = sample.__subflavors__ or {}
+            encoding = encode(
+                key=key,
+                messages=sample.messages,
+                image_names=sample.image_names,
+                images=sample.images,
+                loss_weight=sample.loss_weight * float(subflavors.get("loss_weight", 1.0)),
+                tokenizer=self.tokenizer,
+                config=self.config,
+            )
+        except Skip as e:
+            self.stats.skip(key, e.reason, e.detail)
+            raise SkipSample() from None
+        except OverlongError as e:
+            raise PackingError(str(e)) from None
+        except Exception as e:  # a bug or data no check foresaw: count it, never dump per sample
+            self._unexpected(key, "encode_error", e)
+            raise SkipSample() from None
+        self._errors_in_a_row = 0
+        if encoding.truncated:
+            self.stats.truncated += 1
+            self.stats.truncated_tokens += encoding.truncated
+        return EncodedConversation.derive_from(
+            sample,
+            input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
+            token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
+            images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
+            image_grids=encoding.grids,
+            length=encoding.length,
+            cost=round_up(encoding.length, self.config.pad_multiple),
+        )
+
+    def select_samples_to_pack(self, samples: list[EncodedConversation]) -> list:
+        """Groups the buffer with :func:`energon_packing.packing.select_packs`; every sample
+        comes back (Energon silently drops what select does not return). Energon's own stage
+        calls it when carry and balancing are off; otherwise :meth:`select_with_carry` runs in
+        :class:`~energon_packing.loader.energon.CarryPackingDataset`."""
+        return [[samples[i] for i in g] for g in self._select(samples, None, False).packs]
+
+    def select_with_carry(
+        self, samples: list[EncodedConversation], counts: list[int], final: bool
+    ) -> Selection:
+        """The carry stage's select: the same algorithm and code path as ``pack_stream``."""
+        return self._select(samples, counts if self.config.carry else None, final)
+
+    def _select(self, samples: list, counts: list[int] | None, final: bool) -> Selection:
+        config = self.config
+        carry = config.carry_policy if counts is not None else None
+        try:
+            selection = select_packs(
+                [s.cost for s in samples],
+                config.max_input_seq_length,
+                algorithm=config.algorithm,
+                max_per_pack=config.max_per_pack,
+                seed=config.seed,
+                delta=config.delta,
+                carry=carry,
+                carry_counts=counts,
+                buffer_size=self._buffer_size,
+                final=final,
+            )
+        except Exception:  # a bug must not cost a whole buffer: one pack per sample instead
+            logger.exception("select failed; emitting %d single packs", len(samples))
+            return Selection(packs=[[i] for i in range(len(samples))])
+        if carry is not None:
+            emitted = [counts[i] for group in selection.packs for i in group]
+            self.stats.add_carry(carried=len(selection.carried), emitted_counts=emitted)
+        return selection
+
+    def pack_cost(self, samples: list[EncodedConversation]) -> int:
+        """Attention cost of a group (sum of squared lengths), for balanced emission."""
+        return attention_cost([s.length for s in samples])
+
+    def build_train_datasets(self, **kwargs: Any) -> Any:
+        """Energon's pipeline, with every shard reader made tolerant of corrupt bytes."""
+        dataset = super().build_train_datasets(**kwargs)
+        make_tolerant(dataset)
+        return dataset
+
+    def build_val_datasets(self, **kwargs: Any) -> Any:
+        dataset = super().build_val_datasets(**kwargs)
+        make_tolerant(dataset)
+        return dataset
+
+    def build_batch(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        worker_config: Any,
+    ) -> Any:
+        """Energon's packing stage, or ours when carry or balanced emission is on."""
+        self._buffer_size = packing_buffer_size
+        config = self.config
+        if packing_buffer_size is not None and (config.carry or config.balance_window):
+            dataset = CarryPackingDataset(
+                dataset,
+                packing_buffer_size,
+                selector=self.select_with_carry,
+                final_packer=self.pack_selected_samples,
+                pack_cost=self.pack_cost,
+                balance_window=config.balance_window,
+                balance_seed=config.seed,
+                worker_config=worker_config,
+            )
+            packing_buffer_size = None
+        return super().build_batch(
+            dataset,
+            batch_size=batch_size,
+            batch_drop_last=batch_drop_last,
+            packing_buffer_size=packing_buffer_size,
+            worker_config=worker_config,
+        )
+
+    @stateless
+    def pack_selected_samples(self, samples: list[EncodedConversation]) -> PackedSample:
+        """Decodes this pack's images (only now) and lays the conversations out C wide."""
+        sources = [source for sample in samples if (source := self._source(sample)) is not None]
+        if not sources:
+            raise SkipSample()
+        config = self.config
+        try:
+            pack = layout(
+                sources,
+                width=config.max_input_seq_length,
+                pad_multiple=config.pad_multiple,
+                pad_id=self.tokenizer.special.pad,
+            )
+            pack.check(pad_multiple=config.pad_multiple)
+        except Exception as e:  # report every member rather than let Energon drop the pack
+            for source in sources:
+                self._unexpected(source.key, "pack_error", e)
+            raise SkipSample() from None
+        self.stats.add_pack(sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.width)
+        return PackedSample(
+            __key__="+".join(pack.source_ids),
+            __restore_key__=(),
+            __subflavors__=samples[0].__subflavors__,
+            __sources__=tuple(src for s in samples for src in (s.__sources__ or ())),
+            pack=pack,
+        )
+
+    @stateless
+    def batch(self, samples: list[PackedSample | EncodedConversation]) -> dict:
+        """The contract's batch dict (:func:`energon_packing.schema.collate`) plus this worker's
+        accounting.
+
+        Without a packing buffer (``packing_buffer_size=None``) Energon hands over encoded
+        conversations; they become an ordinary padded batch instead (``[B, S]`` rows, real
+        ``input_lengths``, no boundary keys): what trainer-side packing and a no-packing
+        baseline consume.
+        """
+        if isinstance(samples[0], PackedSample):
+            batch = collate([s.pack for s in samples])
+        else:
+            batch = collate(self._rows(samples), prepacked=False)
+        batch[RESTORE_KEY] = ()
+        active = WorkerConfig.active_worker_config
+        self.stats.worker = active.rank_worker_id() if active is not None else 0
+        batch[PACKING_METRICS] = self.stats.metrics()
+        batch[PACKING_SKIPPED] = self.stats.drain()
+        return batch
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def decode_images(self, sample: EncodedConversation) -> list[tuple[np.ndarray, tuple]]:
+        """``(pixel_values, grid)`` per image of a conversation, decoded now (override to serve
+        precomputed pixels or features)."""
+        return [patchify(data, self.config.vision) for data in sample.images]
+
+    def _source(self, sample: EncodedConversation) -> Source | None:
+        """One conversation with its decoded images, ready for :func:`layout`; ``None`` (and a
+        skip in the report) if an image does not decode."""
+        try:
+            decoded = self.decode_images(sample)
+        except ImageError as e:
+            self.stats.skip(sample.__key__, e.reason, str(e))
+            return None
+        grids = [grid for _, grid in decoded]
+        pixels = [p for p, _ in decoded] or [
+            np.zeros((0, self.config.vision.patch_dim), np.float32)
+        ]
+        try:
+            positions = (
+                mrope_positions(sample.input_ids, grids, self._mrope) if self._mrope else None
+            )
+        except Exception as e:  # costs this conversation only, not its pack-mates
+            self._unexpected(sample.__key__, "pack_error", e)
+            return None
+        return Source(
+            key=sample.__key__,
+            input_ids=sample.input_ids,
+            token_mask=sample.token_mask,
+            positions=positions,
+            media={
+                PIXEL_VALUES: np.concatenate(pixels),
+                IMAGE_GRID_THW: np.asarray(grids, dtype=np.int64).reshape(-1, 3),
+            },
+            images=len(grids),
+        )
+
+    def _rows(self, samples: list[EncodedConversation]) -> list[Pack]:
+        """One padded row per conversation, all as wide as the longest (rounded up)."""
+        sources = [source for sample in samples if (source := self._source(sample)) is not None]
+        if not sources:
+            raise SkipSample()
+        multiple = self.config.pad_multiple
+        width = round_up(max(len(s.input_ids) for s in sources), multiple)
+        pad = self.tokenizer.special.pad
+        return [layout([s], width=width, pad_multiple=multiple, pad_id=pad) for s in sources]
+
+    def _unexpected(self, key: str, reason: str, error: Exception) -> None:
+        self.stats.skip(key, reason, f"{type(error).__name__}: {error}")
+        self._errors_in_a_row += 1
+        if self._errors_in_a_row >= MAX_CONSECUTIVE_ERRORS:
+            raise PackingError(
+                f"{self._errors_in_a_row} samples in a row failed unexpectedly (last {key!r}: "
+                f"{type(error).__name__}: {error}); this looks like a bug or a broken dataset, "
+                f"not bad samples"
+            ) from error

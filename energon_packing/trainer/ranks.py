@@ -1,0 +1,70 @@
+"""Data-parallel ranks in step: filler packs for a rank that is out of data, and a check that
+every rank brings the same microbatch shapes to a step (an error, not a hung collective)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from energon_packing.schema import PackContractError, Source, collate, layout
+from energon_packing.trainer.shim import MICRO_BATCH_LENGTHS, Microbatch
+
+__all__ = ["FILLER_KEY", "align_ranks", "check_microbatches", "filler_batch"]
+
+FILLER_KEY = "__filler__"
+
+
+def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict:
+    """A prepacked batch of one all-padding pack (nothing trained): what a data-parallel rank
+    that ran out of data runs while the others finish, so collectives stay in step."""
+    filler = Source(
+        key=FILLER_KEY,
+        input_ids=[pad_id],
+        token_mask=[0.0],
+        positions=np.zeros((3, 1), dtype=np.int64) if mrope else None,
+    )
+    return collate([layout([filler], width=capacity, pad_multiple=1, pad_id=pad_id)])
+
+
+def align_ranks(
+    batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None
+):
+    """Yields a rank's batches until *every* data-parallel rank is out of data; a rank that is
+    out early yields :func:`filler_batch` meanwhile. Ranks pack their own data, so their pack
+    counts differ by a few per epoch; without this the longer rank waits forever in its next
+    collective. One ``all_reduce`` of one int per step."""
+    import torch.distributed as dist
+
+    source = iter(batches)
+    while True:
+        batch = next(source, None)
+        more = torch.tensor([0 if batch is None else 1])
+        dist.all_reduce(more, op=dist.ReduceOp.MAX, group=group)
+        if not more.item():
+            return
+        yield batch if batch is not None else filler_batch(capacity, pad_id=pad_id, mrope=mrope)
+
+
+def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any = None) -> None:
+    """Raises :class:`PackContractError` on every rank if data-parallel ranks disagree on the
+    number or the widths of this step's microbatches: a clear error, not a hung collective."""
+    import torch.distributed as dist
+
+    widths = [int(mb.model_inputs["input_ids"].shape[-1]) for mb in batch_microbatches]
+    mine = torch.tensor([len(widths), sum(widths), max(widths, default=0)], dtype=torch.int64)
+    low, high = mine.clone(), mine.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(low, high):
+        keys = [key for mb in batch_microbatches for key in mb.source_ids][:4]
+        raise PackContractError(
+            f"{MICRO_BATCH_LENGTHS}: data-parallel ranks disagree at this step: rank "
+            f"{dist.get_rank(group)} has {len(widths)} microbatches, {sum(widths)} tokens (max width "
+            f"{max(widths, default=0)}); across ranks (count, tokens, max width) ranges from "
+            f"{low.tolist()} to {high.tolist()}. Loader packs are one per microbatch and C wide: "
+            f"check that every rank uses the same batch_size and max_input_seq_length "
+            f"(source_ids={keys})"
+        )
