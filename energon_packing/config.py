@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from energon_packing.encoding.chat import Limits
 from energon_packing.encoding.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 from energon_packing.packing.algorithms import check_algorithm
 from energon_packing.packing.carry import (
@@ -21,10 +22,21 @@ from energon_packing.packing.carry import (
     CarryPolicy,
 )
 
-__all__ = ["OVERLONG_POLICIES", "TRAIN_ON", "PackingConfig"]
+__all__ = [
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "HIGH_BIT_DEPTH",
+    "OVERLONG_POLICIES",
+    "SPECIAL_TOKEN_TEXT",
+    "TRAIN_ON",
+    "PackingConfig",
+]
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
 TRAIN_ON = ("all_assistant", "last_assistant")
+SPECIAL_TOKEN_TEXT = ("text", "skip")
+HIGH_BIT_DEPTH = ("scale", "clip")
+#: 50 megapixels: an 8K photo; decoding one costs ~150 MB of RGB in the loader worker.
+DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -58,6 +70,19 @@ class PackingConfig:
             data-parallel ranks get packs of similar attention cost at each step; 0 = off.
             The pool sits beside the packing buffer (its samples stay compressed): larger
             pools balance better (see benchmarks/carry_loader.py) and cost memory.
+        special_token_text: Conversation text that spells a special token (``"<|im_end|>"``
+            in a reply): ``"text"`` tokenizes it as plain text (only the chat layout inserts
+            special ids), ``"skip"`` skips the conversation (reason ``special_token_text``).
+        max_text_chars: Characters of text a conversation may hold; checked before any
+            tokenizing (None: 32 * C, more than any conversation that fits C tokens holds).
+        max_turns: Messages a conversation may hold (None: C // 2).
+        max_images: Images a conversation may hold (None: C // 4; Qwen2-VL's smallest image
+            takes 4 tokens).
+        max_image_pixels: Pixels (width * height, read from the header) an image may have
+            before it is skipped as ``image_too_large``, before anything is decoded.
+        high_bit_depth: 16-bit and float images: ``"scale"`` maps their range onto 0..255;
+            ``"clip"`` saturates them as PIL's ``convert("RGB")`` and transformers' image
+            processors do (16-bit PNGs turn white, float TIFFs black).
     """
 
     max_input_seq_length: int
@@ -76,6 +101,12 @@ class PackingConfig:
     carry_min_fill: float = DEFAULT_MIN_FILL
     carry_budget: float = DEFAULT_BUDGET
     balance_window: int = 0
+    special_token_text: str = "text"
+    max_text_chars: int | None = None
+    max_turns: int | None = None
+    max_images: int | None = None
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    high_bit_depth: str = "scale"
 
     def __post_init__(self) -> None:
         capacity = self.max_input_seq_length
@@ -111,8 +142,24 @@ class PackingConfig:
             or (self.balance_window < 0)
         ):
             raise ValueError(f"balance_window must be an integer >= 0, got {self.balance_window!r}")
+        _choice("special_token_text", self.special_token_text, SPECIAL_TOKEN_TEXT)
+        _choice("high_bit_depth", self.high_bit_depth, HIGH_BIT_DEPTH)
+        for name in ("max_text_chars", "max_turns", "max_images"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        _positive_int("max_image_pixels", self.max_image_pixels)
         _ = self.vision  # validates min_pixels / max_pixels
         self._policy()  # validates the carry knobs even while carry is off
+
+    @property
+    def limits(self) -> Limits:
+        """The work a conversation may cost before it is rejected (defaults derived from C)."""
+        capacity = self.max_input_seq_length
+        return Limits(
+            max_text_chars=self.max_text_chars or 32 * capacity,
+            max_turns=self.max_turns or max(1, capacity // 2),
+            max_images=self.max_images or max(1, capacity // 4),
+        )
 
     @property
     def vision(self) -> VisionConfig:

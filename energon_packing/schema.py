@@ -50,6 +50,8 @@ __all__ = [
     "Source",
     "check_pack",
     "collate",
+    "empty_batch",
+    "is_empty",
     "layout",
     "pack_from_batch",
     "round_up",
@@ -333,6 +335,30 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     for name in dict.fromkeys(name for p in packs for name in p.media):
         batch[name] = [torch.from_numpy(p.media[name]) for p in packs]
     return batch
+
+
+def empty_batch(width: int, *, mrope: bool = False) -> dict[str, Any]:
+    """A batch of zero packs: every key of :func:`collate`, no row. A loader worker ends its
+    stream with one when skips are left that no pack carried (the accounting keys ride on it);
+    a consumer iterating over rows does nothing with it, and the shim passes it by."""
+    return {
+        INPUT_IDS: torch.zeros((0, width), dtype=torch.int64),
+        INPUT_LENGTHS: torch.zeros(0, dtype=torch.int32),
+        TOKEN_MASK: torch.zeros((0, width), dtype=torch.float32),
+        SAMPLE_MASK: torch.zeros(0, dtype=torch.float32),
+        POSITION_IDS: torch.zeros((3, 0, width) if mrope else (0, width), dtype=torch.int64),
+        PADDING_MASK: torch.zeros((0, width), dtype=torch.bool),
+        SOURCE_IDS: [],
+        IMAGE_SOURCE_INDEX: [],
+        CU_SEQLENS: [],
+        CU_SEQLENS_PADDED: [],
+    }
+
+
+def is_empty(batch: Mapping[str, Any]) -> bool:
+    """True for a batch of zero rows (:func:`empty_batch`): accounting only."""
+    ids = batch.get(INPUT_IDS)
+    return ids is not None and ids.shape[0] == 0
 
 
 def pack_from_batch(batch: Mapping[str, Any], row: int) -> Pack:

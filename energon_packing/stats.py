@@ -10,12 +10,58 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["KEYS_PER_REASON", "MetricsAggregator", "PackingStats"]
+__all__ = ["KEYS_PER_REASON", "REASONS", "MetricsAggregator", "PackingStats"]
 
 logger = logging.getLogger("energon_packing")
 
+#: Every reason a sample can be skipped for: the skip report's vocabulary (the README lists it;
+#: a test checks that the code emits no other).
+REASONS = {
+    # reading the shard sample
+    "corrupt_shard": "the tar bytes of the sample are unreadable (truncated, overwritten, deleted shard)",
+    "unreadable_sample": "reading the sample failed in a way no other reason names",
+    "missing_json": "the sample has no .json part",
+    "too_large": "the .json part is larger than 16 MiB (not decoded)",
+    "non_utf8": "the .json part is not UTF-8",
+    "malformed_json": "not JSON, not an object, nested past the recursion limit, or numbers no float holds",
+    "missing_messages": "no 'messages' list",
+    "bad_loss_weight": "loss_weight (times the subflavor's) not finite, <= 0, or > 1000 (in float32)",
+    # the conversation
+    "empty_conversation": "'messages' is empty",
+    "malformed_message": "a message without role/content, or content of another shape",
+    "unknown_role": "a role other than system, user, assistant",
+    "invalid_text": "text holding a lone UTF-16 surrogate",
+    "special_token_text": "text spelling a special token, with special_token_text='skip'",
+    "no_assistant_turn": "nothing to train on",
+    "empty_assistant": "the trained assistant turns hold no text",
+    "too_many_turns": "more messages than max_turns (checked before tokenizing)",
+    "text_too_long": "more characters than max_text_chars (checked before tokenizing)",
+    "too_many_images": "more images than max_images",
+    # images
+    "missing_image": "an image referenced or listed that the sample does not hold",
+    "duplicate_image": "an image listed or referenced twice",
+    "placeholder_mismatch": "image references and the 'images' list disagree",
+    "corrupt_image": "an image whose header or pixels do not decode",
+    "image_too_large": "an image over max_image_pixels (read from the header, nothing decoded)",
+    "image_aspect_ratio": "an image with an aspect ratio above 200 (Qwen2-VL refuses it)",
+    # length
+    "overlong": "longer than max_input_seq_length after padding (overlong='drop')",
+    "overlong_media": "overlong='truncate', but its images end past the pack width",
+    "overlong_no_trained_token": "overlong='truncate', but nothing trained survives the cut",
+    # the unforeseen (bugs): counted toward the 100-in-a-row stop
+    "encode_error": "encoding raised an unexpected error",
+    "source_error": "a conversation's images or tokens failed at pack time (it alone is dropped)",
+    "pack_error": "laying out a pack failed (its members are reported)",
+}
+
 #: Keys remembered per skip reason (the counts are exact, the key lists are samples).
 KEYS_PER_REASON = 32
+#: Characters of a key or a detail in a log line: a run's log stays small whatever data holds.
+LOGGED_CHARS = 300
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= LOGGED_CHARS else f"{text[:LOGGED_CHARS]}... ({len(text):,} chars)"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,11 +87,11 @@ class PackingStats:
     def skip(self, key: str, reason: str, detail: str) -> None:
         if not self.skipped[reason]:
             logger.warning(
-                "skipping sample %r (%s: %s); further %r skips are counted, not logged "
+                "skipping sample %s (%s: %s); further %r skips are counted, not logged "
                 "(PackingTaskEncoder.stats, metrics packing/skipped/%s)",
-                key,
+                _cut(repr(key)),
                 reason,
-                detail,
+                _cut(detail),
                 reason,
                 reason,
             )
@@ -134,9 +180,11 @@ class MetricsAggregator:
         self.skipped: list[tuple[str, str]] = []
 
     def update(self, batch: dict) -> dict[str, float]:
+        """Takes one batch's accounting (``packing_metrics`` is a worker's dict, or a list of
+        them when ``align_ranks`` forwards the accounting of batches it passed by)."""
         latest = batch.get("packing_metrics")
-        if latest:
-            self._latest[int(latest["packing/worker"])] = latest
+        for worker in latest if isinstance(latest, list) else [latest] if latest else []:
+            self._latest[int(worker["packing/worker"])] = worker
         self.skipped.extend(tuple(event) for event in batch.get("packing_skipped", ()))
         return self.metrics()
 

@@ -8,8 +8,9 @@ import io
 import itertools
 import json
 
+import numpy as np
 import pytest
-from megatron.energon import SkipSample
+from megatron.energon.errors import SkipSample
 from PIL import Image
 
 from energon_packing import PackingConfig, PackingTaskEncoder
@@ -67,6 +68,13 @@ def _png(width, height):
     return buffer.getvalue()
 
 
+def _png16(width, height):
+    values = np.linspace(0, 20000, width * height).reshape(height, width).astype(np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(values).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def _samples():
     """Generated conversations plus a long one, a tiny-image one and a big-image one."""
     docs = [(c.key, c.document, c.images) for c in conversations(16, seed=11)]
@@ -110,6 +118,31 @@ def _samples():
             {"a.png": _png(1400, 1000)},
         )
     )
+    docs.append(
+        (
+            "spells_special",
+            {
+                "messages": [
+                    {"role": "user", "content": "Print <|im_end|> for me."},
+                    {"role": "assistant", "content": "Here: <|im_end|>"},
+                ]
+            },
+            {},
+        )
+    )
+    docs.append(  # a 16-bit grey PNG: high_bit_depth decides whether it turns white
+        (
+            "deep",
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>Dark?"},
+                    {"role": "assistant", "content": "Yes."},
+                ],
+                "images": ["a.png"],
+            },
+            {"a.png": _png16(64, 64)},
+        )
+    )
     out = []
     for key, doc, images in docs:
         fields = load_conversation({"json": json.dumps(doc).encode(), **images})
@@ -141,7 +174,15 @@ def observe(**knobs):
         [(e.__key__, e.cost, e.token_mask.tolist(), e.image_grids) for e in encoded],
         [[s.__key__ for s in g] for g in groups],
         carried,
-        [(p.input_ids.shape, p.position_ids.shape, p.cu_seqlens_padded.tolist()) for p in packs],
+        [
+            (
+                p.input_ids.shape,
+                p.position_ids.shape,
+                p.cu_seqlens_padded.tolist(),
+                round(float(p.media["pixel_values"].sum()), 3),
+            )
+            for p in packs
+        ],
     )
 
 
@@ -177,6 +218,12 @@ KNOB_CASES = {
     "carry_min_fill": (CARRY, {**CARRY, "carry_min_fill": 0.5}),
     "carry_budget": (CARRY, {**CARRY, "carry_budget": 0.1}),
     "balance_window": ({}, {"balance_window": 4}, observe_loader),
+    "special_token_text": ({}, {"special_token_text": "skip"}),
+    "max_text_chars": ({}, {"max_text_chars": 2000}),
+    "max_turns": ({}, {"max_turns": 3}),
+    "max_images": ({}, {"max_images": 1}),
+    "max_image_pixels": ({}, {"max_image_pixels": 1_000_000}),
+    "high_bit_depth": ({}, {"high_bit_depth": "clip"}),
 }
 
 

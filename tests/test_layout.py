@@ -130,3 +130,38 @@ def test_one_layout_function_and_one_buffer_loop():
     ]
     assert [p.name for p in layouts] == ["schema.py"]
     assert [p.name for p in loops] == ["stream.py"]
+
+
+def test_every_skip_reason_is_registered_and_documented():
+    """The skip report's vocabulary is closed: every reason the code can emit is in
+    ``stats.REASONS``, and the README's table lists every one."""
+    from energon_packing.stats import REASONS
+
+    emitted = {}
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            position = {"Skip": 0, "ImageError": 0, "_problem": 0, "_unexpected": 1}.get(name)
+            if position is None or len(node.args) <= position:
+                continue
+            arg = node.args[position]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                emitted.setdefault(arg.value, str(path.relative_to(PACKAGE)))
+    assert set(emitted) <= set(REASONS), {r: p for r, p in emitted.items() if r not in REASONS}
+    assert len(emitted) >= 25  # the scan finds them (a scan that finds nothing proves nothing)
+    readme = (PACKAGE.parent / "README.md").read_text()
+    missing = [reason for reason in REASONS if f"| `{reason}` |" not in readme]
+    assert not missing, f"README's reason table lacks {missing}"
+
+
+def test_every_knob_is_in_the_readme_table():
+    import dataclasses
+
+    from energon_packing.config import PackingConfig
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    missing = [f.name for f in dataclasses.fields(PackingConfig) if f"| `{f.name}` |" not in readme]
+    assert not missing, f"README's configuration table lacks {missing}"

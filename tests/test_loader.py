@@ -14,6 +14,9 @@ from energon_packing import PackingTaskEncoder
 from energon_packing.loader.prepare import YAMLS
 from energon_packing.testing.synth import Conversation, conversations
 
+#: the loader tests .ci/run also runs on the oldest supported Energon release
+pytestmark = pytest.mark.energon
+
 ALL_KEYS = {f"conv{i:06d}" for i in range(120)}
 
 
@@ -199,7 +202,9 @@ def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch
 
     decoded = []
     real = module.patchify
-    monkeypatch.setattr(module, "patchify", lambda data, cfg: decoded.append(1) or real(data, cfg))
+    monkeypatch.setattr(
+        module, "patchify", lambda data, cfg, **kw: decoded.append(1) or real(data, cfg, **kw)
+    )
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
     batch = next(iter(loader_batches(synth_dataset, te, buffer=32)))
     # the whole buffer (32 conversations, ~40 images) was encoded, only this pack decoded

@@ -30,6 +30,9 @@ from energon_packing.schema import IMAGE_GRID_THW, layout
 from energon_packing.stats import MetricsAggregator
 from energon_packing.testing.synth import conversations
 
+#: the loader tests .ci/run also runs on the oldest supported Energon release
+pytestmark = pytest.mark.energon
+
 
 def png(width, height, fmt="PNG"):
     buffer = io.BytesIO()
@@ -268,20 +271,28 @@ def snapshot(batch):
     )
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_restore_at_random_points(synth_dataset, workers):
+@pytest.mark.parametrize(
+    "workers, count",
+    [
+        (0, 4),
+        (2, 3),
+        pytest.param(0, 11, marks=pytest.mark.slow),
+        pytest.param(2, 11, marks=pytest.mark.slow),
+    ],
+)
+def test_restore_at_random_points(synth_dataset, workers, count):
     knobs = dict(max_input_seq_length=512, tokenizer="bundled", carry=True, max_pixels=448 * 448)
     loader = loader_batches(
         synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True
     )
     batches, states = [], {}
-    points = set(random.Random(workers).sample(range(2, 50), 11))
+    points = set(random.Random(workers + count).sample(range(2, 50), count))
     for step, batch in enumerate(loader):
         batches.append(snapshot(batch))
         if step in points:
             states[step] = loader.save_state_rank()
     stop_workers()
-    assert len(states) == 11 and len(batches) > max(points) + 3
+    assert len(states) == count and len(batches) > max(points) + 3
     for step, state in states.items():
         restored = loader_batches(
             synth_dataset, PackingTaskEncoder(**knobs), buffer=12, workers=workers, savable=True

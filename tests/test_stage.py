@@ -22,6 +22,9 @@ from energon_packing.packing.balance import (
 )
 from energon_packing.testing.synth import sized_conversations
 
+#: the loader tests .ci/run also runs on the oldest supported Energon release
+pytestmark = pytest.mark.energon
+
 CAPACITY = 1024
 
 
@@ -191,6 +194,7 @@ def test_balance_reorders_without_changing_the_packs(sized_dataset):
     assert sorted(map(tuple, balanced)) == sorted(map(tuple, plain))
 
 
+@pytest.mark.slow
 def test_balanced_emission_evens_out_ranks(tmp_path):
     lengths = _lengths(2400, seed=9)
     path = make_dataset(tmp_path, sized_conversations(lengths), per_shard=600)

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from energon_packing.encoding.images import ImageError, probe
 from energon_packing.encoding.vision import (
-    ImageError,
     VisionConfig,
     grid_for,
     patchify,
-    probe,
     smart_resize,
     tokens_for,
 )

@@ -14,9 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from energon_packing.encoding.chat import ImageRefs, OverlongError, Skip, parse_turns
+from energon_packing.encoding.chat import (
+    ImageRefs,
+    OverlongError,
+    Skip,
+    brief,
+    check_loss_weight,
+    parse_turns,
+    trained_turns,
+)
+from energon_packing.encoding.images import ImageError, probe
 from energon_packing.encoding.tokenizer import ChatTokenizer
-from energon_packing.encoding.vision import ImageError, grid_for, probe, tokens_for
+from energon_packing.encoding.vision import grid_for, tokens_for
 from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
@@ -50,16 +59,26 @@ def encode(
     tokenizer: ChatTokenizer,
     config: PackingConfig,
 ) -> Encoding:
-    """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`."""
-    refs = ImageRefs(image_names)
-    turns = parse_turns(messages, refs)
-    trained = [t for t, (role, _) in enumerate(turns) if role == "assistant"]
-    if not trained:
-        raise Skip("no_assistant_turn", "no message has role 'assistant', nothing to train on")
-    if config.train_on == "last_assistant":
-        trained = trained[-1:]
+    """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`.
+
+    Work is linear in the conversation's size and bounded by ``config.limits`` before anything
+    is tokenized; images are costed from their headers (pixel budget included).
+    """
+    weight = check_loss_weight(loss_weight)
+    refs = ImageRefs(image_names, max_images=config.limits.max_images)
+    turns = parse_turns(messages, refs, limits=config.limits)
+    trained = trained_turns([role for role, _ in turns], config.train_on)
     if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
         raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
+    if config.special_token_text == "skip":
+        for m, (_, pieces) in enumerate(turns):
+            for piece in pieces:
+                if isinstance(piece, str) and (found := tokenizer.find_special(piece)):
+                    raise Skip(
+                        "special_token_text",
+                        f"messages[{m}] spells the special token {found!r} "
+                        f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
+                    )
 
     vision = config.vision
     grids = []
@@ -67,13 +86,14 @@ def encode(
         name = image_names[i]
         if name not in images:
             raise Skip(
-                "missing_image", f"image {name!r} is listed but the shard has no part {key}.{name}"
+                "missing_image",
+                f"image {brief(name)} is listed but the shard has no such part",
             )
         try:
-            width, height = probe(images[name])
+            width, height = probe(images[name], max_pixels=config.max_image_pixels)
             grids.append(grid_for(width, height, vision))
         except ImageError as e:
-            raise Skip(e.reason, f"image {name!r}: {e}") from None
+            raise Skip(e.reason, f"image {brief(name)}: {e}") from None
 
     special = tokenizer.special
     ids: list[int] = []
@@ -86,17 +106,18 @@ def encode(
         ids.extend(tokens)
         mask.extend([weight] * len(tokens))
 
+    headers = {role: tokenizer.encode(role + "\n") for role in ("system", "user", "assistant")}
     for t, (role, pieces) in enumerate(turns):
-        weight = float(loss_weight) if t in trained else 0.0
-        emit([special.im_start, *tokenizer.encode(role + "\n")], 0.0)
+        trains = weight if t in trained else 0.0
+        emit([special.im_start, *headers[role]], 0.0)
         for piece in pieces:
             if isinstance(piece, str):
-                emit(tokenizer.encode(piece), weight)
+                emit(tokenizer.encode(piece), trains)  # plain text: never a special id
             else:  # images are context, never trained
                 pads = [special.image_pad] * tokens_for(next(grid_iter), vision)
                 emit([special.vision_start, *pads, special.vision_end], 0.0)
                 image_ends.append(len(ids))
-        emit([special.im_end], weight)
+        emit([special.im_end], trains)
         emit(newline, 0.0)
     mask[0] = 0.0  # no source predicts across a pack boundary
     encoding = Encoding(input_ids=ids, token_mask=mask, image_order=refs.order, grids=grids)
@@ -113,7 +134,7 @@ def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) ->
     what = f"{length} tokens ({cost} padded to pad_multiple={multiple}) > max_input_seq_length={capacity}"
     if config.overlong == "error":
         raise OverlongError(
-            f"sample {key!r}: {what}. Set overlong='truncate' or 'drop', or raise "
+            f"sample {brief(key)}: {what}. Set overlong='truncate' or 'drop', or raise "
             f"max_input_seq_length"
         )
     if config.overlong == "drop":

@@ -8,17 +8,26 @@ style). Images are resolved against the document's ``images`` list. Every proble
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
+    "MAX_LOSS_WEIGHT",
     "ROLES",
     "ImageRefs",
+    "Limits",
     "OverlongError",
     "Skip",
     "Turn",
+    "brief",
+    "check_loss_weight",
     "parse_turns",
+    "trained_turns",
 ]
 
 ROLES = ("system", "user", "assistant")
@@ -26,6 +35,35 @@ IMAGE_PLACEHOLDER = "<image>"
 
 #: ``(role, pieces)``: a piece is text, or the index of an image in the document's list.
 Turn = tuple[str, list[str | int]]
+
+
+#: UTF-16 surrogates cannot be encoded; JSON's "\ud800" escapes produce them in Python strings.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Characters of a value quoted in a message or a log line.
+BRIEF = 120
+#: The largest loss weight a sample (times its subflavor's) may carry.
+MAX_LOSS_WEIGHT = 1000.0
+
+
+def brief(value: Any, limit: int = BRIEF) -> str:
+    """``repr(value)`` cut to ``limit`` characters: data never floods a message or a log."""
+    text = repr(value) if len(str(value)) <= 4 * limit else repr(str(value)[: 4 * limit])
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(str(value)):,} chars)"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Limits:
+    """Work a conversation may cost before it is rejected, checked before any tokenizing.
+
+    Attributes:
+        max_text_chars: Characters of text over all messages.
+        max_turns: Messages.
+        max_images: Images referenced (and listed).
+    """
+
+    max_text_chars: int
+    max_turns: int
+    max_images: int
 
 
 class Skip(Exception):
@@ -44,12 +82,17 @@ class OverlongError(ValueError):
 class ImageRefs:
     """Resolves image references (``<image>`` placeholders in order, or parts by name)."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], *, max_images: int | None = None):
+        if max_images is not None and len(names) > max_images:
+            raise Skip(
+                "too_many_images",
+                f"{len(names)} images listed, more than max_images={max_images}",
+            )
         self.names = list(names)
         self.index: dict[str, int] = {}
         for i, name in enumerate(self.names):
             if name in self.index:
-                raise Skip("duplicate_image", f"image {name!r} is listed twice in 'images'")
+                raise Skip("duplicate_image", f"image {brief(name)} is listed twice in 'images'")
             self.index[name] = i
         self.used = [False] * len(self.names)
         self.order: list[int] = []
@@ -67,10 +110,10 @@ class ImageRefs:
             i = self._next
         else:
             if name not in self.index:
-                raise Skip("missing_image", f"image part {name!r} is not in the 'images' list")
+                raise Skip("missing_image", f"image part {brief(name)} is not in the 'images' list")
             i = self.index[name]
             if self.used[i]:
-                raise Skip("duplicate_image", f"image {name!r} is referenced twice")
+                raise Skip("duplicate_image", f"image {brief(name)} is referenced twice")
         self.used[i] = True
         self.order.append(i)
         return i
@@ -81,35 +124,50 @@ class ImageRefs:
             raise Skip(
                 "placeholder_mismatch",
                 f"{len(self.names)} image(s) listed but {len(unused)} never referenced "
-                f"({', '.join(map(repr, unused))}); add an {IMAGE_PLACEHOLDER} or an image part",
+                f"({brief(', '.join(map(str, unused)))}); add an {IMAGE_PLACEHOLDER} or an "
+                f"image part",
             )
 
 
-def parse_turns(messages: Sequence[Any], images: ImageRefs) -> list[Turn]:
-    """Messages -> ``[(role, pieces)]`` where a piece is text or an image index."""
+def parse_turns(
+    messages: Sequence[Any], images: ImageRefs, *, limits: Limits | None = None
+) -> list[Turn]:
+    """Messages -> ``[(role, pieces)]`` where a piece is text or an image index.
+
+    With ``limits``, the turn count is checked before anything is read and the text length as it
+    is read, so a hostile conversation costs at most ``limits`` of work before its rejection.
+    """
     if not messages:
         raise Skip("empty_conversation", "'messages' is empty")
+    if limits is not None and len(messages) > limits.max_turns:
+        raise Skip(
+            "too_many_turns", f"{len(messages):,} messages, more than max_turns={limits.max_turns}"
+        )
+    budget = limits.max_text_chars if limits is not None else None
+    chars = 0
     turns = []
     for m, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise Skip("malformed_message", f"messages[{m}] needs 'role' and 'content'")
         role, content = message["role"], message["content"]
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise Skip(
-                "unknown_role", f"messages[{m}] has role {role!r}; valid: {', '.join(ROLES)}"
+                "unknown_role", f"messages[{m}] has role {brief(role)}; valid: {', '.join(ROLES)}"
             )
         pieces: list[str | int] = []
         if isinstance(content, str):
+            chars = _count(chars + len(content), budget, m)  # before split copies anything
             texts = content.split(IMAGE_PLACEHOLDER)
             for k, text in enumerate(texts):
                 if k:
                     pieces.append(images.take(None))
-                pieces.append(text)
+                pieces.append(_text(text, m))
         elif isinstance(content, list):
             for p, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text" and isinstance(part.get("text"), str):
-                    pieces.append(part["text"])
+                    chars = _count(chars + len(part["text"]), budget, m)
+                    pieces.append(_text(part["text"], m))
                 elif kind == "image" and isinstance(part.get("image", ""), str):
                     pieces.append(images.take(part.get("image")))
                 else:
@@ -123,3 +181,51 @@ def parse_turns(messages: Sequence[Any], images: ImageRefs) -> list[Turn]:
         turns.append((role, pieces))
     images.check_all_used()
     return turns
+
+
+def _count(chars: int, budget: int | None, m: int) -> int:
+    if budget is not None and chars > budget:
+        raise Skip(
+            "text_too_long",
+            f"more than max_text_chars={budget:,} characters of text by messages[{m}]; raise "
+            f"max_text_chars if such conversations fit the pack",
+        )
+    return chars
+
+
+def _text(text: str, m: int) -> str:
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise Skip(
+            "invalid_text",
+            f"messages[{m}] holds a lone UTF-16 surrogate ({bad.group()!a}) at character "
+            f"{bad.start()}, which no tokenizer can encode",
+        )
+    return text
+
+
+def check_loss_weight(weight: Any) -> float:
+    """``weight`` as a float that is finite, > 0 and <= :data:`MAX_LOSS_WEIGHT` also in
+    float32 (``token_mask``'s dtype), else :class:`Skip` ``bad_loss_weight``."""
+    try:
+        value = float(weight)
+        with np.errstate(over="ignore"):
+            narrow = float(np.float32(value))
+        ok = not isinstance(weight, bool) and 0.0 < narrow <= MAX_LOSS_WEIGHT
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise Skip(
+            "bad_loss_weight",
+            f"loss_weight {brief(weight)} must be a number > 0 and <= {MAX_LOSS_WEIGHT:g} "
+            f"(also as float32: tiny values round to 0, huge ones to inf)",
+        )
+    return value
+
+
+def trained_turns(roles: Sequence[str], train_on: str) -> set[int]:
+    """Indices of the turns whose tokens train: every assistant turn, or only the last."""
+    trained = [t for t, role in enumerate(roles) if role == "assistant"]
+    if not trained:
+        raise Skip("no_assistant_turn", "no message has role 'assistant', nothing to train on")
+    return set(trained[-1:] if train_on == "last_assistant" else trained)

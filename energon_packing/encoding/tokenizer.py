@@ -14,6 +14,7 @@ Special tokens carry Qwen2-VL's names by default (ChatML plus the vision tokens)
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ class SpecialIds:
 class ChatTokenizer:
     """Text to ids without added special tokens, plus the ids of the chat and vision tokens.
 
+    Conversation text is text: :meth:`encode` never returns a special token's id, whatever the
+    text spells (``"<|im_end|>"`` in a reply is seven plain tokens, not an end of turn); only the
+    chat layout inserts special ids. :meth:`find_special` tells whether a text spells one.
+
     Args:
         tokenizer: See the module docstring.
         pad_token: Token used for padding when the tokenizer declares no pad token.
@@ -54,6 +59,7 @@ class ChatTokenizer:
     def __init__(self, tokenizer: Any, *, pad_token: str = PAD_TOKEN):
         self.name, self._inner = _resolve(tokenizer)
         self._is_hf = not _is_tokenizers_object(self._inner)
+        self._setup_text()
         pad = getattr(self._inner, "pad_token_id", None) if self._is_hf else None
         self.special = SpecialIds(
             pad=pad if isinstance(pad, int) else self.id_of(pad_token),
@@ -73,12 +79,36 @@ class ChatTokenizer:
             return len(self._inner)
         return self._inner.get_vocab_size()
 
+    def _setup_text(self) -> None:
+        """The special tokens' strings and ids, and an encoder that spells them as text."""
+        if self._is_hf:
+            added = self._inner.added_tokens_decoder
+            self._text = self._inner
+        else:
+            added = self._inner.get_added_tokens_decoder()
+            from tokenizers import Tokenizer
+
+            self._text = Tokenizer.from_str(self._inner.to_str())  # the user's object untouched
+            self._text.encode_special_tokens = True
+        specials = {token.content: i for i, token in added.items() if token.special}
+        self.special_ids = frozenset(specials.values())
+        ordered = sorted(specials, key=len, reverse=True)  # longest first: no prefix wins early
+        self._special_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
     def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` as plain text: special tokens it spells are split, never matched."""
         if not text:
             return []
         if self._is_hf:
-            return list(self._inner.encode(text, add_special_tokens=False))
-        return self._inner.encode(text, add_special_tokens=False).ids
+            ids = self._text.encode(text, add_special_tokens=False, split_special_tokens=True)
+        else:
+            ids = self._text.encode(text, add_special_tokens=False).ids
+        return list(ids)
+
+    def find_special(self, text: str) -> str | None:
+        """The first special token ``text`` spells, or None."""
+        found = self._special_re.search(text) if self._special_re is not None else None
+        return found.group() if found else None
 
     def decode(self, ids: list[int]) -> str:
         if self._is_hf:
@@ -109,6 +139,7 @@ class ChatTokenizer:
     def __setstate__(self, state: dict) -> None:
         self.name, self._inner = state["name"], state["inner"]
         self._is_hf, self.special = state["is_hf"], state["special"]
+        self._setup_text()
 
 
 def _is_tokenizers_object(obj: Any) -> bool:

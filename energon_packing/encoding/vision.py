@@ -2,8 +2,8 @@
 
 Two halves, on purpose:
 
-* :func:`probe` and :func:`grid_for` cost an image from its *header* alone (PIL opens lazily),
-  so a conversation waiting in the packing buffer holds its compressed bytes, not pixels;
+* :func:`grid_for` costs an image from its size alone (:func:`.images.probe` reads it from the
+  header), so a conversation waiting in the packing buffer holds its compressed bytes;
 * :func:`patchify` decodes, and runs only for the pack being emitted.
 
 ``patchify`` is bit-equal to ``transformers``' ``Qwen2VLImageProcessorPil`` (a test checks it):
@@ -13,12 +13,13 @@ RGB with alpha composited on white, PIL bicubic resize, ``float64 * 1/255 -> flo
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from energon_packing.encoding.images import ImageError, decode
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -28,22 +29,12 @@ DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
-    "ImageError",
     "VisionConfig",
     "grid_for",
     "patchify",
-    "probe",
     "smart_resize",
     "tokens_for",
 ]
-
-
-class ImageError(ValueError):
-    """An image that cannot be costed or decoded; ``reason`` is a skip-report key."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -106,24 +97,6 @@ def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, in
     return h_bar, w_bar
 
 
-def probe(data: bytes) -> tuple[int, int]:
-    """``(width, height)`` from the image header, without decoding pixels."""
-    if not data:
-        raise ImageError("corrupt_image", "image file is empty (0 bytes)")
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError as e:
-        raise ImageError("image_too_large", f"image refused by PIL's size guard: {e}") from None
-    except Exception as e:  # PIL raises several types for bad headers
-        raise ImageError(
-            "corrupt_image", f"image header unreadable ({type(e).__name__}: {e})"
-        ) from None
-    if width < 1 or height < 1:
-        raise ImageError("corrupt_image", f"image has zero size ({width}x{height} px)")
-    return width, height
-
-
 def grid_for(width: int, height: int, config: VisionConfig) -> tuple[int, int, int]:
     """``(t, h, w)`` in patches for an image of this size: ``image_grid_thw``'s row."""
     resized_h, resized_w = smart_resize(height, width, config)
@@ -136,26 +109,19 @@ def tokens_for(grid: tuple[int, int, int], config: VisionConfig) -> int:
     return t * h * w // (config.merge_size**2)
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
-    return image.convert("RGB")
-
-
-def patchify(data: bytes, config: VisionConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
+def patchify(
+    data: bytes,
+    config: VisionConfig,
+    *,
+    max_pixels: int | None = None,
+    high_bit_depth: str = "scale",
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Decodes one image into ``pixel_values [h*w, patch_dim]`` (float32) and its grid.
 
     Row order follows the 2x2 merge: the four patches of one LLM token are consecutive.
+    ``max_pixels`` is the decode budget (:func:`.images.decode`), not Qwen2-VL's resize target.
     """
-    try:
-        with Image.open(io.BytesIO(data)) as opened:
-            image = _to_rgb(opened)
-    except Exception as e:
-        raise ImageError(
-            "corrupt_image", f"image does not decode ({type(e).__name__}: {e})"
-        ) from None
+    image = decode(data, max_pixels=max_pixels, high_bit_depth=high_bit_depth)
     width, height = image.size
     resized_h, resized_w = smart_resize(height, width, config)
     image = image.resize((resized_w, resized_h), resample=Image.Resampling.BICUBIC)

@@ -32,9 +32,10 @@ from typing import Any
 from megatron.energon.flavors.base_dataset import SavableDataset, set_sample_restore_key
 from megatron.energon.flavors.webdataset.itar_reader import ITarReader
 from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
+from megatron.energon.state import FlexState
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import PackingDataset
-from megatron.energon.wrappers.base import get_sample_restore_key
+from megatron.energon.wrappers.base import BaseWrapperDataset, get_sample_restore_key
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_packing.packing.stream import LoopState, PackingLoop, Selector
@@ -44,14 +45,18 @@ __all__ = [
     "SUPPORTED_ENERGON",
     "CarryPackingDataset",
     "EnergonCompatibilityError",
+    "PackingGuard",
+    "RestoreMismatchError",
     "TolerantReader",
     "check_energon",
+    "compare_settings",
     "make_tolerant",
+    "saved_num_workers",
 ]
 
 ENERGON_VERSION = version("megatron-energon")
 #: The releases the loader tests pass on (``.ci/run`` runs them on both ends of the range).
-SUPPORTED_ENERGON = ">=7.2.0,<7.5"
+SUPPORTED_ENERGON = ">=7.3.2,<7.5"
 
 #: (owner, attribute, what uses it): every Energon internal this module touches.
 _INTERNALS: tuple[tuple[type, str, str], ...] = (
@@ -72,6 +77,8 @@ _INTERNALS: tuple[tuple[type, str, str], ...] = (
     (WebdatasetSampleLoaderDataset, "join_readers", "the corrupt-shard tolerance"),
     (ITarReader, "tar_filenames", "corrupt-shard keys"),
     (ITarReader, "_get_itar_sample_pointer", "corrupt-shard keys"),
+    (BaseWrapperDataset, "datasets", "the packing guard"),
+    (BaseWrapperDataset, "restore_state", "the packing guard's restore check"),
 )
 
 
@@ -226,11 +233,83 @@ class CarryPackingDataset(PackingDataset):
         }
 
 
+# ---- the end of a worker's stream, and restores ----------------------------------------------
+
+
+class RestoreMismatchError(ValueError):
+    """A checkpoint restored into settings that change what is packed."""
+
+
+def compare_settings(saved: dict, current: dict, *, where: str = "checkpoint") -> None:
+    """Raises :class:`RestoreMismatchError` naming the first setting whose value changed."""
+    for name in current:
+        if name in saved and saved[name] != current[name]:
+            raise RestoreMismatchError(
+                f"the {where} was saved with {name}={saved[name]!r}, this loader has "
+                f"{name}={current[name]!r}: packs depend on it, so the run would continue with "
+                f"other packs than it started with. Restore with {name}={saved[name]!r}, or "
+                f"start without restoring"
+            )
+
+
+def saved_num_workers(state: Any) -> int:
+    """``num_workers`` of the loader a ``save_state_rank()`` state came from (its shape says:
+    one plain state without workers, one checkpoint per worker otherwise)."""
+    states = list(state.worker_states)
+    return 0 if len(states) == 1 and isinstance(states[0], FlexState) else len(states)
+
+
+class PackingGuard(BaseWrapperDataset):
+    """The task encoder's batches, as Energon iterates them, with two additions.
+
+    * At the end of a worker's stream, one more batch if skips are left that no batch carried
+      (``tail()``: an accounting-only batch of zero rows), so every skip reaches the trainer.
+    * Its saved state holds the packing settings; restoring into other settings raises
+      :class:`RestoreMismatchError` before anything inside is restored.
+    """
+
+    _savable_fields = ("_settings",)
+
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        *,
+        settings: dict,
+        tail: Callable[[], Any] | None,
+        worker_config: WorkerConfig,
+    ):
+        super().__init__(dataset, worker_config=worker_config)
+        self.settings = dict(settings)
+        self.tail = tail
+        self.reset_state_own()
+
+    def reset_state_own(self) -> None:
+        self._settings = dict(self.settings)
+
+    def restore_state(self, state: Any) -> None:
+        if state is not None and "_settings" in state:
+            compare_settings(dict(state["_settings"]), self.settings)
+        super().restore_state(state)
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        return self.dataset.len_worker(worker_idx)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.dataset
+        extra = self.tail() if self.tail is not None else None
+        if extra is not None:
+            yield extra
+
+    def config(self) -> dict[str, Any]:
+        return {"type": type(self).__qualname__, "dataset": self.dataset.config(), **self.settings}
+
+
 # ---- corrupt shards --------------------------------------------------------------------------
 
 #: What Energon's tar reader raises for unreadable bytes (ValueError: "Unexpected end of tar
-#: file", "Inconsistent sample base name"; OSError: missing or unreadable shard files).
-READ_ERRORS = (tarfile.TarError, EOFError, OSError, ValueError)
+#: file", "Inconsistent sample base name"; OSError: missing or unreadable shard files;
+#: MemoryError / OverflowError: a tar header whose size field claims 2**60 bytes).
+READ_ERRORS = (tarfile.TarError, EOFError, OSError, ValueError, MemoryError, OverflowError)
 
 
 class TolerantReader:

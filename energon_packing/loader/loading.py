@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["epoch"]
+__all__ = ["epoch", "restore_state_rank"]
 
 
 def epoch(
@@ -49,3 +49,20 @@ def epoch(
     with warnings.catch_warnings():  # "pin_memory ... no accelerator is found" on CPU machines
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
         return (get_savable_loader if savable else get_loader)(dataset)
+
+
+def restore_state_rank(loader: Any, state: Any) -> None:
+    """``loader.restore_state_rank(state)``, after checking that the checkpoint comes from a
+    loader with the same ``num_workers`` (packing is per worker, so packs depend on it).
+
+    Energon itself refuses a changed worker count with a bare ``AssertionError``; every other
+    packing setting (capacity, pad_multiple, algorithm, carry and its knobs, balance_window,
+    buffer size, world size) is checked by the loader's own restore, whichever way it is called.
+    """
+    from energon_packing.loader.energon import compare_settings, saved_num_workers
+
+    if state is not None:
+        compare_settings(
+            {"num_workers": saved_num_workers(state)}, {"num_workers": loader.num_workers}
+        )
+    loader.restore_state_rank(state)

@@ -15,14 +15,14 @@ task encoder skips the sample with that reason, counted and reported.
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
+from energon_packing.encoding.chat import Skip, check_loss_weight
+from energon_packing.encoding.images import IMAGE_PART
 from energon_packing.schema import Pack
 
 __all__ = [
@@ -35,7 +35,9 @@ __all__ = [
     "load_conversation",
 ]
 
-IMAGE_PART = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|jpeg|png)$", re.IGNORECASE)
+#: A ``.json`` part larger than this is skipped (``too_large``) before it is decoded: no sample
+#: may cost a worker more memory than this to reject.
+MAX_DOCUMENT_BYTES = 16 << 20
 
 
 @edataclass
@@ -87,49 +89,66 @@ def _problem(reason: str, detail: str) -> dict[str, Any]:
 
 
 def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
-    """Shard sample (raw bytes by part name) -> ``ConversationSample`` fields; never raises."""
-    if raw.get("__corrupt__"):  # marked by energon_packing.tolerant: the tar bytes were unreadable
-        return _problem("corrupt_shard", raw["__corrupt__"])
+    """Shard sample (raw bytes by part name) -> ``ConversationSample`` fields; never raises.
+
+    Whatever goes wrong reading one sample (bad bytes, bad JSON, JSON nested past the
+    recursion limit, numbers no float holds, a document over :data:`MAX_DOCUMENT_BYTES`) is a
+    ``problem`` the task encoder reports as a skip with its reason: nothing fatal, nothing silent.
+    """
+    try:
+        return _load(raw)
+    except Skip as e:
+        return _problem(e.reason, e.detail)
+    except (RecursionError, MemoryError) as e:
+        return _problem(
+            "malformed_json", f"the document is too deep or too big ({type(e).__name__})"
+        )
+    except Exception as e:  # no sample may stop the reader
+        return _problem("unreadable_sample", f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def _load(raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("__corrupt__"):  # marked by loader.energon: the tar bytes were unreadable
+        raise Skip("corrupt_shard", str(raw["__corrupt__"])[:300])
     images = {name: data for name, data in raw.items() if IMAGE_PART.match(name)}
     data = raw.get("json")
     if data is None:
-        return _problem("missing_json", "the sample has no .json part")
+        raise Skip("missing_json", "the sample has no .json part")
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise Skip(
+            "too_large",
+            f"the .json part holds {len(data):,} bytes, more than {MAX_DOCUMENT_BYTES:,}; "
+            f"it was not decoded",
+        )
     if isinstance(data, (bytes, bytearray)):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
-            return _problem(
+            raise Skip(
                 "non_utf8", f"the .json part is not UTF-8 ({e.reason} at byte {e.start})"
-            )
+            ) from None
     if isinstance(data, str):
         try:
             data = json.loads(data)
         except json.JSONDecodeError as e:
-            return _problem("malformed_json", f"{e.msg} at line {e.lineno} column {e.colno}")
+            raise Skip("malformed_json", f"{e.msg} at line {e.lineno} column {e.colno}") from None
+        except (ValueError, RecursionError) as e:  # e.g. an integer of over 4,300 digits
+            raise Skip("malformed_json", f"{type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(data, dict):
-        return _problem("malformed_json", f"top level is {type(data).__name__}, not an object")
+        raise Skip("malformed_json", f"top level is {type(data).__name__}, not an object")
     messages = data.get("messages")
     if messages is None:
-        return _problem("missing_messages", "the document has no 'messages' list")
+        raise Skip("missing_messages", "the document has no 'messages' list")
     if not isinstance(messages, list):
-        return _problem("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
+        raise Skip("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
     names = data.get("images", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        return _problem("malformed_json", "'images' must be a list of part names")
-    weight = data.get("loss_weight", 1.0)
-    if (
-        isinstance(weight, bool)
-        or not isinstance(weight, (int, float))
-        or not (math.isfinite(weight) and weight >= 0)
-    ):
-        return _problem(
-            "malformed_json", f"'loss_weight' must be a finite number >= 0, got {weight!r}"
-        )
+        raise Skip("malformed_json", "'images' must be a list of part names")
     return {
         "messages": messages,
         "image_names": names,
         "images": images,
-        "loss_weight": float(weight),
+        "loss_weight": check_loss_weight(data.get("loss_weight", 1.0)),
     }
 
 

@@ -21,16 +21,22 @@ import logging
 from typing import Any
 
 import numpy as np
-from megatron.energon import Cooker, SkipSample, TaskEncoder, WorkerConfig, stateless
-from megatron.energon.errors import FatalSampleError
+from megatron.energon import Cooker, TaskEncoder, WorkerConfig, stateless
+from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the one Energon catches
 
 from energon_packing.config import PackingConfig
 from energon_packing.encoding.builtin import encode
-from energon_packing.encoding.chat import OverlongError, Skip
+from energon_packing.encoding.chat import OverlongError, Skip, brief
+from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
-from energon_packing.encoding.vision import ImageError, patchify
-from energon_packing.loader.energon import CarryPackingDataset, check_energon, make_tolerant
+from energon_packing.encoding.vision import patchify, tokens_for
+from energon_packing.loader.energon import (
+    CarryPackingDataset,
+    PackingGuard,
+    check_energon,
+    make_tolerant,
+)
 from energon_packing.loader.samples import (
     ConversationSample,
     EncodedConversation,
@@ -49,6 +55,7 @@ from energon_packing.schema import (
     Pack,
     Source,
     collate,
+    empty_batch,
     layout,
 )
 from energon_packing.stats import PackingStats
@@ -59,6 +66,20 @@ logger = logging.getLogger("energon_packing")
 
 #: Unexpected errors in a row (a bug, not bad data) after which the loader stops.
 MAX_CONSECUTIVE_ERRORS = 100
+#: Knobs (and loader settings) a checkpoint must be restored with: they decide the packs.
+PACKING_SETTINGS = (
+    "max_input_seq_length",
+    "pad_multiple",
+    "algorithm",
+    "max_per_pack",
+    "seed",
+    "delta",
+    "carry",
+    "max_carries",
+    "carry_min_fill",
+    "carry_budget",
+    "balance_window",
+)
 
 
 class PackingError(FatalSampleError):
@@ -149,7 +170,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         except OverlongError as e:
             raise PackingError(str(e)) from None
         except Exception as e:  # a bug or data no check foresaw: count it, never dump per sample
-            self._unexpected(key, "encode_error", e)
+            self._unexpected([key], "encode_error", e)
             raise SkipSample() from None
         self._errors_in_a_row = 0
         if encoding.truncated:
@@ -226,9 +247,17 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         packing_buffer_size: int | None = None,
         worker_config: Any,
     ) -> Any:
-        """Energon's packing stage, or ours when carry or balanced emission is on."""
+        """Energon's packing stage, or ours when carry or balanced emission is on; then the
+        guard that ends each worker's stream with its leftover skips and checks restores."""
         self._buffer_size = packing_buffer_size
         config = self.config
+        settings = {name: getattr(config, name) for name in PACKING_SETTINGS}
+        settings.update(
+            packing_buffer_size=packing_buffer_size,
+            num_workers=worker_config.num_workers,
+            world_size=worker_config.world_size,
+            rank=worker_config.rank,
+        )
         if packing_buffer_size is not None and (config.carry or config.balance_window):
             dataset = CarryPackingDataset(
                 dataset,
@@ -241,17 +270,27 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 worker_config=worker_config,
             )
             packing_buffer_size = None
-        return super().build_batch(
+        batches = super().build_batch(
             dataset,
             batch_size=batch_size,
             batch_drop_last=batch_drop_last,
             packing_buffer_size=packing_buffer_size,
             worker_config=worker_config,
         )
+        return PackingGuard(
+            batches,
+            settings=settings,
+            tail=self._tail if batch_size is not None else None,
+            worker_config=worker_config,
+        )
 
     @stateless
     def pack_selected_samples(self, samples: list[EncodedConversation]) -> PackedSample:
-        """Decodes this pack's images (only now) and lays the conversations out C wide."""
+        """Decodes this pack's images (only now) and lays the conversations out C wide.
+
+        Each conversation is decoded and checked on its own: one that fails costs only itself
+        (skipped with its reason), never its pack-mates.
+        """
         sources = [source for sample in samples if (source := self._source(sample)) is not None]
         if not sources:
             raise SkipSample()
@@ -264,10 +303,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 pad_id=self.tokenizer.special.pad,
             )
             pack.check(pad_multiple=config.pad_multiple)
-        except Exception as e:  # report every member rather than let Energon drop the pack
-            for source in sources:
-                self._unexpected(source.key, "pack_error", e)
+        except Exception as e:  # a bug: report every member rather than let Energon drop them
+            self._unexpected([source.key for source in sources], "pack_error", e)
             raise SkipSample() from None
+        self._errors_in_a_row = 0
         self.stats.add_pack(sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.width)
         return PackedSample(
             __key__="+".join(pack.source_ids),
@@ -291,6 +330,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             batch = collate([s.pack for s in samples])
         else:
             batch = collate(self._rows(samples), prepacked=False)
+        return self._account(batch)
+
+    def _account(self, batch: dict) -> dict:
+        """This worker's counters and the skips since its previous batch, into ``batch``."""
         batch[RESTORE_KEY] = ()
         active = WorkerConfig.active_worker_config
         self.stats.worker = active.rank_worker_id() if active is not None else 0
@@ -303,7 +346,16 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     def decode_images(self, sample: EncodedConversation) -> list[tuple[np.ndarray, tuple]]:
         """``(pixel_values, grid)`` per image of a conversation, decoded now (override to serve
         precomputed pixels or features)."""
-        return [patchify(data, self.config.vision) for data in sample.images]
+        config = self.config
+        return [
+            patchify(
+                data,
+                config.vision,
+                max_pixels=config.max_image_pixels,
+                high_bit_depth=config.high_bit_depth,
+            )
+            for data in sample.images
+        ]
 
     def _source(self, sample: EncodedConversation) -> Source | None:
         """One conversation with its decoded images, ready for :func:`layout`; ``None`` (and a
@@ -312,6 +364,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             decoded = self.decode_images(sample)
         except ImageError as e:
             self.stats.skip(sample.__key__, e.reason, str(e))
+            return None
+        except Exception as e:  # costs this conversation only, not its pack-mates
+            self._unexpected([sample.__key__], "source_error", e)
             return None
         grids = [grid for _, grid in decoded]
         pixels = [p for p, _ in decoded] or [
@@ -336,6 +391,27 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             images=len(grids),
         )
 
+    def _check_source(self, sample: EncodedConversation, grids: list) -> None:
+        """The conversation's image tokens match its images (else it would corrupt its pack)."""
+        special, ids = self.tokenizer.special, np.asarray(sample.input_ids)
+        starts = int((ids == special.vision_start).sum())
+        pads = int((ids == special.image_pad).sum())
+        need = sum(tokens_for(g, self.config.vision) for g in grids)
+        if starts != len(grids) or pads != need:
+            raise ValueError(
+                f"{starts} vision-start and {pads} image-pad tokens for {len(grids)} image(s) "
+                f"that need {need}"
+            )
+
+    def _tail(self) -> dict | None:
+        """The accounting-only batch that ends a worker's stream when skips are left that no
+        batch carried (e.g. every remaining sample was over-long)."""
+        if not self.stats.events:
+            return None
+        config = self.config
+        empty = empty_batch(config.max_input_seq_length, mrope=config.mrope)
+        return self._account({**empty, PIXEL_VALUES: [], IMAGE_GRID_THW: []})
+
     def _rows(self, samples: list[EncodedConversation]) -> list[Pack]:
         """One padded row per conversation, all as wide as the longest (rounded up)."""
         sources = [source for sample in samples if (source := self._source(sample)) is not None]
@@ -346,12 +422,15 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         pad = self.tokenizer.special.pad
         return [layout([s], width=width, pad_multiple=multiple, pad_id=pad) for s in sources]
 
-    def _unexpected(self, key: str, reason: str, error: Exception) -> None:
-        self.stats.skip(key, reason, f"{type(error).__name__}: {error}")
+    def _unexpected(self, keys: list[str], reason: str, error: Exception) -> None:
+        """Skips ``keys`` under ``reason`` and counts ONE unexpected error (a failed pack is one
+        failure, however many members it had; data skips are never counted)."""
+        detail = f"{type(error).__name__}: {str(error)[:300]}"
+        for key in keys:
+            self.stats.skip(key, reason, detail)
         self._errors_in_a_row += 1
         if self._errors_in_a_row >= MAX_CONSECUTIVE_ERRORS:
             raise PackingError(
-                f"{self._errors_in_a_row} samples in a row failed unexpectedly (last {key!r}: "
-                f"{type(error).__name__}: {error}); this looks like a bug or a broken dataset, "
-                f"not bad samples"
+                f"{self._errors_in_a_row} unexpected errors in a row (last {brief(keys[-1])}: "
+                f"{detail}); this looks like a bug or a broken dataset, not bad samples"
             ) from error

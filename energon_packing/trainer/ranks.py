@@ -3,13 +3,21 @@ every rank brings the same microbatch shapes to a step (an error, not a hung col
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from energon_packing.schema import PackContractError, Source, collate, layout
+from energon_packing.schema import (
+    PACKING_METRICS,
+    PACKING_SKIPPED,
+    PackContractError,
+    Source,
+    collate,
+    is_empty,
+    layout,
+)
 from energon_packing.trainer.shim import MICRO_BATCH_LENGTHS, Microbatch
 
 __all__ = ["FILLER_KEY", "align_ranks", "check_microbatches", "filler_batch"]
@@ -31,21 +39,46 @@ def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict
 
 def align_ranks(
     batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None
-):
+) -> Iterator[dict]:
     """Yields a rank's batches until *every* data-parallel rank is out of data; a rank that is
     out early yields :func:`filler_batch` meanwhile. Ranks pack their own data, so their pack
     counts differ by a few per epoch; without this the longer rank waits forever in its next
-    collective. One ``all_reduce`` of one int per step."""
+    collective. One ``all_reduce`` of two ints per step.
+
+    Accounting-only batches (zero rows) are not steps: their ``packing_skipped`` and
+    ``packing_metrics`` ride on the next batch this rank yields (one last step of fillers on
+    every rank if accounting is left when all ranks are out of data), so nothing is lost.
+    """
     import torch.distributed as dist
 
     source = iter(batches)
+    skipped: list = []
+    metrics: list = []
     while True:
         batch = next(source, None)
-        more = torch.tensor([0 if batch is None else 1])
-        dist.all_reduce(more, op=dist.ReduceOp.MAX, group=group)
-        if not more.item():
+        while batch is not None and is_empty(batch):
+            skipped.extend(batch.get(PACKING_SKIPPED, ()))
+            metrics.extend(_as_list(batch.get(PACKING_METRICS)))
+            batch = next(source, None)
+        state = torch.tensor([0 if batch is None else 1, 1 if skipped or metrics else 0])
+        dist.all_reduce(state, op=dist.ReduceOp.MAX, group=group)
+        if not state.any():
             return
-        yield batch if batch is not None else filler_batch(capacity, pad_id=pad_id, mrope=mrope)
+        out = batch if batch is not None else filler_batch(capacity, pad_id=pad_id, mrope=mrope)
+        if skipped or metrics:
+            out = {
+                **out,
+                PACKING_SKIPPED: [*skipped, *out.get(PACKING_SKIPPED, ())],
+                PACKING_METRICS: [*metrics, *_as_list(out.get(PACKING_METRICS))],
+            }
+            skipped, metrics = [], []
+        yield out
+
+
+def _as_list(metrics: Any) -> list:
+    if not metrics:
+        return []
+    return list(metrics) if isinstance(metrics, list) else [metrics]
 
 
 def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any = None) -> None:

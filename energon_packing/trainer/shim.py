@@ -45,6 +45,7 @@ from energon_packing.schema import (
     SOURCE_IDS,
     TOKEN_MASK,
     PackContractError,
+    is_empty,
     pack_from_batch,
 )
 
@@ -180,7 +181,10 @@ class Microbatch:
 
 
 def is_prepacked(batch: Mapping[str, Any]) -> bool:
-    """True if the batch carries pack boundaries (then both boundary keys are required)."""
+    """True if the batch carries packs with boundaries (then both boundary keys are required).
+    False for an accounting-only batch of zero rows (:func:`energon_packing.schema.empty_batch`)."""
+    if is_empty(batch):
+        return False
     present = [key for key in BOUNDARY_KEYS if key in batch]
     if len(present) == 1:
         missing = next(key for key in BOUNDARY_KEYS if key not in batch)
@@ -324,8 +328,12 @@ def prepacked_microbatches(
             row fills each image-pad token; survives the CP slice).
         pad_multiple: What every source was padded to (validated).
         validate: Check the batch against the contract first.
+
+    An accounting-only batch (zero rows) gives no microbatch.
     """
     check_cp(cp_size, pad_multiple)
+    if is_empty(batch):
+        return []
     if not is_prepacked(batch):
         raise PackContractError(
             "cu_seqlens: not a prepacked batch; use trainer_side.pack_microbatches for "

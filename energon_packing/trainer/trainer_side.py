@@ -27,6 +27,7 @@ from energon_packing.schema import (
     SOURCE_IDS,
     TOKEN_MASK,
     Source,
+    is_empty,
     layout,
 )
 from energon_packing.trainer.shim import (
@@ -72,6 +73,8 @@ def pack_microbatches(
             :func:`~energon_packing.trainer.shim.prepacked_microbatches`.
     """
     check_cp(cp_size, pad_multiple)
+    if is_empty(batch):  # accounting only
+        return []
     bins = _bin_rows(batch, token_budget, algorithm, dp_size, pad_multiple)
     return [
         _squeeze(
