@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
-TRAIN_ON = ("all_assistant", "last_assistant")
+TRAIN_ON = ("all_assistant", "last_assistant", "assistant_messages")
 SPECIAL_TOKEN_TEXT = ("text", "skip")
 HIGH_BIT_DEPTH = ("scale", "clip")
 #: 50 megapixels: an 8K photo; decoding one costs ~150 MB of RGB in the loader worker.
@@ -55,7 +55,9 @@ class PackingConfig:
         overlong: Conversations longer than C after padding: ``"drop"`` (skip, counted),
             ``"truncate"`` (cut text after the last image, keep >= 1 trained token, else drop)
             or ``"error"`` (stop with a message naming the sample).
-        train_on: ``"all_assistant"`` turns, or only the ``"last_assistant"`` turn.
+        train_on: ``"all_assistant"`` turns (each reply and its end-of-turn token), only the
+            ``"last_assistant"`` turn, or ``"assistant_messages"``: every assistant message as
+            rendered, role header and trailing newline included (what NeMo-RL's producer trains).
         mrope: Emit Qwen2-VL 3-row (t, h, w) ``position_ids`` instead of 1-row.
         min_pixels: Images are upscaled to at least this many pixels (Qwen2-VL's knob).
         max_pixels: Images are downscaled to at most this many pixels.
@@ -83,6 +85,8 @@ class PackingConfig:
         high_bit_depth: 16-bit and float images: ``"scale"`` maps their range onto 0..255;
             ``"clip"`` saturates them as PIL's ``convert("RGB")`` and transformers' image
             processors do (16-bit PNGs turn white, float TIFFs black).
+        chat_template_kwargs: Keyword arguments for the processor's ``apply_chat_template``
+            (e.g. ``{"add_vision_id": True}`` for Qwen2-VL); processor path only.
     """
 
     max_input_seq_length: int
@@ -107,6 +111,7 @@ class PackingConfig:
     max_images: int | None = None
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     high_bit_depth: str = "scale"
+    chat_template_kwargs: dict | None = None
 
     def __post_init__(self) -> None:
         capacity = self.max_input_seq_length
@@ -148,6 +153,11 @@ class PackingConfig:
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         _positive_int("max_image_pixels", self.max_image_pixels)
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and (
+            not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
+        ):
+            raise ValueError(f"chat_template_kwargs must be a dict of str keys, got {kwargs!r}")
         _ = self.vision  # validates min_pixels / max_pixels
         self._policy()  # validates the carry knobs even while carry is off
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from energon_packing.packing.algorithms import round_up
 
@@ -53,6 +52,7 @@ __all__ = [
     "empty_batch",
     "is_empty",
     "layout",
+    "model_fields",
     "pack_from_batch",
     "round_up",
 ]
@@ -116,6 +116,8 @@ class Source:
     token_mask: Sequence[float] | np.ndarray
     positions: np.ndarray | None = None
     media: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: model inputs aligned with the tokens (``mm_token_type_ids``, ...), one value per token
+    token_fields: Mapping[str, np.ndarray] = field(default_factory=dict)
     images: int = 0
 
 
@@ -133,6 +135,8 @@ class Pack:
     image_source_index: np.ndarray  # int64 [n_images]
     #: image-aligned model inputs of every source, in source order (``pixel_values``, ...)
     media: dict[str, np.ndarray] = field(default_factory=dict)
+    #: token-aligned model inputs [W] (0 on padding), laid out like ``input_ids``
+    token_fields: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def width(self) -> int:
@@ -177,6 +181,8 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
     positions = np.zeros((3, width) if mrope else width, dtype=np.int64)
     cu, cu_padded, owners = [0], [0], []
     media: dict[str, list[np.ndarray]] = {}
+    names = dict.fromkeys(name for source in sources for name in source.token_fields)
+    tokens = {name: np.zeros(width, dtype=np.int64) for name in names}
     start = 0
     for k, source in enumerate(sources):
         length = len(source.input_ids)
@@ -202,6 +208,8 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
         owners.extend([k] * source.images)
         for name, value in source.media.items():
             media.setdefault(name, []).append(np.asarray(value))
+        for name, value in source.token_fields.items():
+            tokens[name][start:stop] = value
         start += padded
     return Pack(
         input_ids=input_ids,
@@ -212,8 +220,21 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
         cu_seqlens_padded=np.asarray(cu_padded, dtype=np.int32),
         source_ids=[s.key for s in sources],
         image_source_index=np.asarray(owners, dtype=np.int64),
-        media={name: np.concatenate(parts) for name, parts in media.items()},
+        media={name: _concatenate(parts) for name, parts in media.items()},
+        token_fields=tokens,
     )
+
+
+def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
+    """Concatenated on dim 0; where the trailing dims differ (tiles or patches per image), each
+    part is zero-padded to the largest first, as a processor pads a batch."""
+    trailing = {p.shape[1:] for p in parts}
+    if len(trailing) > 1:
+        widest = tuple(max(sizes) for sizes in zip(*trailing))
+        parts = [
+            np.pad(p, [(0, 0), *((0, w - s) for s, w in zip(p.shape[1:], widest))]) for p in parts
+        ]
+    return np.concatenate(parts)
 
 
 def check_pack(
@@ -311,6 +332,8 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
     """
+    import torch  # the schema itself is numpy; batches are torch
+
     width = packs[0].width
     positions = torch.stack([torch.from_numpy(p.position_ids) for p in packs])
     if positions.ndim == 3:  # mRoPE: [B, 3, W] -> [3, B, W]
@@ -329,18 +352,48 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
         SOURCE_IDS: [list(p.source_ids) for p in packs],
         IMAGE_SOURCE_INDEX: [torch.from_numpy(p.image_source_index) for p in packs],
     }
+    for name in dict.fromkeys(name for p in packs for name in p.token_fields):
+        batch[name] = torch.stack(
+            [
+                torch.from_numpy(p.token_fields[name])
+                if name in p.token_fields
+                else torch.zeros(width, dtype=torch.int64)
+                for p in packs
+            ]
+        )
     if prepacked:
         batch[CU_SEQLENS] = [torch.from_numpy(p.cu_seqlens) for p in packs]
         batch[CU_SEQLENS_PADDED] = [torch.from_numpy(p.cu_seqlens_padded) for p in packs]
     for name in dict.fromkeys(name for p in packs for name in p.media):
-        batch[name] = [torch.from_numpy(p.media[name]) for p in packs]
+        like = next(p.media[name] for p in packs if name in p.media)
+        empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)  # a pack without images
+        batch[name] = [torch.from_numpy(p.media.get(name, empty)) for p in packs]
     return batch
+
+
+def model_fields(batch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(media keys, token-field keys)`` of a batch: the model inputs beyond ``input_ids`` and
+    ``position_ids``. Media are per-pack lists (``pixel_values``, ``image_grid_thw``, a
+    processor's other image fields); token fields are ``[B, W]`` tensors aligned with
+    ``input_ids`` (``mm_token_type_ids``, ``token_type_ids``)."""
+    rows = batch[INPUT_IDS].shape
+    media, tokens = [], []
+    for key, value in batch.items():
+        if key in BOOKKEEPING_KEYS or key in ROW_KEYS:
+            continue
+        if isinstance(value, list):
+            media.append(key)
+        elif getattr(value, "shape", None) is not None and tuple(value.shape) == tuple(rows):
+            tokens.append(key)
+    return media, tokens
 
 
 def empty_batch(width: int, *, mrope: bool = False) -> dict[str, Any]:
     """A batch of zero packs: every key of :func:`collate`, no row. A loader worker ends its
     stream with one when skips are left that no pack carried (the accounting keys ride on it);
     a consumer iterating over rows does nothing with it, and the shim passes it by."""
+    import torch
+
     return {
         INPUT_IDS: torch.zeros((0, width), dtype=torch.int64),
         INPUT_LENGTHS: torch.zeros(0, dtype=torch.int32),
@@ -363,6 +416,7 @@ def is_empty(batch: Mapping[str, Any]) -> bool:
 
 def pack_from_batch(batch: Mapping[str, Any], row: int) -> Pack:
     """Row ``row`` of a prepacked batch as a :class:`Pack` (numpy views, nothing copied)."""
+    import torch
 
     def array(value: Any) -> np.ndarray:
         return torch.as_tensor(value).numpy()

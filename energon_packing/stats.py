@@ -37,6 +37,7 @@ REASONS = {
     "too_many_turns": "more messages than max_turns (checked before tokenizing)",
     "text_too_long": "more characters than max_text_chars (checked before tokenizing)",
     "too_many_images": "more images than max_images",
+    "template_error": "the processor's chat template refused the conversation (its message), or is not prefix-stable",
     # images
     "missing_image": "an image referenced or listed that the sample does not hold",
     "duplicate_image": "an image listed or referenced twice",
@@ -44,6 +45,7 @@ REASONS = {
     "corrupt_image": "an image whose header or pixels do not decode",
     "image_too_large": "an image over max_image_pixels (read from the header, nothing decoded)",
     "image_aspect_ratio": "an image with an aspect ratio above 200 (Qwen2-VL refuses it)",
+    "unsupported_image": "an image the processor's family cannot take, or an image for a text-only tokenizer",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",
     "overlong_media": "overlong='truncate', but its images end past the pack width",

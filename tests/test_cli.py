@@ -144,3 +144,49 @@ def test_demo_without_data_says_what_to_pass(monkeypatch):
 def test_commands_reject_a_missing_path(command):
     result = CliRunner().invoke(main, [command, "/no/such/dataset"])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+@pytest.fixture(scope="module")
+def processor_dir(tmp_path_factory):
+    """A Gemma 3 processor saved to a local directory, as a user's would be."""
+    pytest.importorskip("transformers")
+    from energon_packing.testing.families import build
+
+    path = tmp_path_factory.mktemp("processor")
+    build("gemma3")[0].save_pretrained(path)
+    return path
+
+
+def test_the_tool_runs_any_family_through_its_processor_dir(processor_dir, synth_dataset, tmp_path):
+    output = invoke("demo", "--processor", processor_dir, "--picture", tmp_path / "demo.png")
+    te = PackingTaskEncoder(
+        max_input_seq_length=2048, processor=str(processor_dir), pad_multiple=8, carry=True
+    )
+    batches = list(loader_batches(SAMPLE_DATA, te, buffer=64))
+    assert "through ProcessorChat(Gemma3Processor, family=gemma3)" in output
+    assert (
+        f"{te.stats.read} conversations read, {te.stats.packed} packed into {len(batches)}"
+        in output
+    )
+    stats = invoke(
+        "stats", synth_dataset, "--capacity", 2048, "--processor", processor_dir, "--buffer", 64
+    )
+    measured = measure_costs(
+        synth_dataset,
+        PackingTaskEncoder(max_input_seq_length=2048, processor=str(processor_dir), pad_multiple=8),
+        progress=False,
+    )
+    assert format_table(packing_table(measured, buffers=(64,))) in stats
+    preview = invoke(
+        "preview",
+        synth_dataset,
+        "--capacity",
+        2048,
+        "--processor",
+        processor_dir,
+        "--packs",
+        2,
+        "--picture",
+        tmp_path / "preview.png",
+    )
+    assert preview.startswith("pack 0  2048 tokens")

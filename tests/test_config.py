@@ -196,6 +196,18 @@ def observe_loader(**knobs):
     ]
 
 
+def observe_processor(**knobs):
+    """Token ids of the samples through a Qwen2-VL processor (the processor-path knobs)."""
+    from energon_packing.testing.families import build
+
+    te = PackingTaskEncoder(max_input_seq_length=8192, processor=build("qwen2_vl")[0], **knobs)
+    out = []
+    for sample in SAMPLES:
+        with contextlib.suppress(SkipSample):
+            out.append(te.encode_sample(sample).input_ids.tolist())
+    return out
+
+
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
 # knob -> (baseline knobs, changed knobs[, observer])
 KNOB_CASES = {
@@ -224,6 +236,11 @@ KNOB_CASES = {
     "max_images": ({}, {"max_images": 1}),
     "max_image_pixels": ({}, {"max_image_pixels": 1_000_000}),
     "high_bit_depth": ({}, {"high_bit_depth": "clip"}),
+    "chat_template_kwargs": (
+        {},
+        {"chat_template_kwargs": {"add_vision_id": True}},  # "Picture 1: " before each image
+        observe_processor,
+    ),
 }
 
 

@@ -157,7 +157,7 @@ def test_a_hundred_bad_samples_in_a_row_never_stop_the_run(spelled_dataset):
 
 
 def test_a_failing_source_costs_only_itself(hostile_dataset, monkeypatch):
-    import energon_packing.loader.task_encoder as module
+    import energon_packing.encoding.builtin as module
 
     real = module.patchify
 

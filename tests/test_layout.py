@@ -30,7 +30,7 @@ EVERYWHERE = {room: ("energon_packing.tools", "energon_packing.testing") for roo
 #: the packing core may import itself
 ALLOWED_INSIDE = {"packing": ("energon_packing.packing",)}
 #: Energon's public surface; everything deeper is an internal, used in one module only
-ENERGON_PUBLIC = ("megatron.energon", "megatron.energon.errors")
+ENERGON_PUBLIC = ("megatron.energon", "megatron.energon.errors", "megatron.energon.cli.main")
 ENERGON_INTERNALS_MODULE = "energon_packing/loader/energon.py"
 
 

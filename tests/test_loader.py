@@ -198,7 +198,7 @@ def test_both_content_styles_through_the_loader(tmp_path):
 
 
 def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch):
-    import energon_packing.loader.task_encoder as module
+    import energon_packing.encoding.builtin as module
 
     decoded = []
     real = module.patchify

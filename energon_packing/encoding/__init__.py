@@ -1,7 +1,46 @@
 """Conversations -> token ids, loss masks, image costs and positions (no Energon, no torch).
 
-``chat`` reads a conversation document into turns; ``builtin`` lays them out as ChatML with
-Qwen2-VL vision tokens; ``tokenizer`` adapts whatever tokenizer the user has; ``vision`` costs
-images from their headers and turns them into Qwen2-VL patches; ``positions`` computes 1-D or
-mRoPE positions of one conversation.
+``chat`` reads a conversation document into turns; two layouts turn them into tokens:
+``builtin`` (ChatML with Qwen2-VL vision tokens over any tokenizer, no transformers needed) and
+``processor`` (a model family's own Hugging Face processor: its chat template, image tokens and
+pixels). ``tokenizer`` adapts whatever tokenizer the user has; ``images`` reads image headers
+and decodes within a pixel budget; ``vision`` is Qwen2-VL's image pipeline; ``positions``
+computes 1-D or mRoPE positions of one conversation.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from energon_packing.config import PackingConfig
+
+__all__ = ["make_chat"]
+
+
+def make_chat(*, tokenizer: Any = None, processor: Any = None, config: PackingConfig) -> Any:
+    """The layout a task encoder uses: :class:`.builtin.BuiltinChat` over ``tokenizer``, or
+    :class:`.processor.ProcessorChat` over ``processor`` (an object or a local directory)."""
+    if processor is not None and tokenizer is not None:
+        raise ValueError(
+            "pass tokenizer= (the built-in ChatML + Qwen2-VL layout) or processor= (the model "
+            "family's own chat template and image processing), not both"
+        )
+    if processor is None:
+        from energon_packing.encoding.builtin import BuiltinChat
+        from energon_packing.encoding.tokenizer import ChatTokenizer
+
+        if config.chat_template_kwargs:
+            raise ValueError("chat_template_kwargs applies to processor=, not to tokenizer=")
+        return BuiltinChat(ChatTokenizer(tokenizer), mrope=config.mrope)
+    from energon_packing.encoding.processor import ProcessorChat, load_processor
+
+    if isinstance(processor, str) or hasattr(processor, "__fspath__"):
+        processor = load_processor(processor)
+    chat = ProcessorChat(processor, chat_template_kwargs=config.chat_template_kwargs)
+    if config.mrope and chat.mrope is None:
+        raise ValueError(
+            f"mrope=True, but {chat.family_name} ({chat.name}) does not use mRoPE positions; on "
+            f"a processor path the family decides (Qwen2-VL, Qwen2.5-VL, Qwen3-VL do)"
+        )
+    return chat

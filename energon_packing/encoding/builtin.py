@@ -5,7 +5,8 @@
                            ^^^^^^^^^^^^^^^^^^^^^^^ token_mask = loss weight, 0 elsewhere
 
 N = t*h*w/4 for an image of grid (t, h, w), computed from the image *header*: nothing is
-decoded here. Pure: no Energon, no torch.
+decoded here; :meth:`BuiltinChat.source` decodes for the pack being emitted. The default path:
+no transformers needed. Pure: no Energon, no torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from energon_packing.encoding.chat import (
     ImageRefs,
@@ -24,14 +27,16 @@ from energon_packing.encoding.chat import (
     trained_turns,
 )
 from energon_packing.encoding.images import ImageError, probe
+from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
-from energon_packing.encoding.vision import grid_for, tokens_for
+from energon_packing.encoding.vision import grid_for, patchify, tokens_for
 from energon_packing.packing.algorithms import round_up
+from energon_packing.schema import IMAGE_GRID_THW, PIXEL_VALUES, Source
 
 if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
 
-__all__ = ["Encoding", "encode"]
+__all__ = ["BuiltinChat", "Encoding", "encode"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,9 +112,10 @@ def encode(
         mask.extend([weight] * len(tokens))
 
     headers = {role: tokenizer.encode(role + "\n") for role in ("system", "user", "assistant")}
+    whole = config.train_on == "assistant_messages"  # header and trailing newline train too
     for t, (role, pieces) in enumerate(turns):
         trains = weight if t in trained else 0.0
-        emit([special.im_start, *headers[role]], 0.0)
+        emit([special.im_start, *headers[role]], trains if whole else 0.0)
         for piece in pieces:
             if isinstance(piece, str):
                 emit(tokenizer.encode(piece), trains)  # plain text: never a special id
@@ -118,7 +124,7 @@ def encode(
                 emit([special.vision_start, *pads, special.vision_end], 0.0)
                 image_ends.append(len(ids))
         emit([special.im_end], trains)
-        emit(newline, 0.0)
+        emit(newline, trains if whole else 0.0)
     mask[0] = 0.0  # no source predicts across a pack boundary
     encoding = Encoding(input_ids=ids, token_mask=mask, image_order=refs.order, grids=grids)
     return _fit(encoding, key, image_ends[-1] if image_ends else 0, config)
@@ -152,3 +158,84 @@ def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) ->
     del encoding.input_ids[capacity:]
     del encoding.token_mask[capacity:]
     return encoding
+
+
+class BuiltinChat:
+    """The built-in layout (ChatML + Qwen2-VL vision tokens) over a :class:`ChatTokenizer`:
+    what a conversation costs (:meth:`encode`) and what it becomes in a pack (:meth:`source`)."""
+
+    family_name = "builtin"
+
+    def __init__(self, tokenizer: ChatTokenizer, *, mrope: bool):
+        self.tokenizer = tokenizer
+        special = tokenizer.special
+        self.pad_id = special.pad
+        self.image_token_id = special.image_pad
+        self.mrope = (
+            MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
+            if mrope
+            else None
+        )
+
+    def __repr__(self) -> str:
+        return f"BuiltinChat({self.tokenizer.name})"
+
+    def encode(self, *, config: PackingConfig, **fields: Any) -> Encoding:
+        return encode(tokenizer=self.tokenizer, config=config, **fields)
+
+    def empty_media(self, config: PackingConfig) -> dict[str, np.ndarray]:
+        """The media of a pack without images (the built-in path always has both keys)."""
+        return {
+            PIXEL_VALUES: np.zeros((0, config.vision.patch_dim), dtype=np.float32),
+            IMAGE_GRID_THW: np.zeros((0, 3), dtype=np.int64),
+        }
+
+    def source(
+        self,
+        *,
+        key: str,
+        input_ids: np.ndarray,
+        token_mask: np.ndarray,
+        images: Sequence[bytes],
+        config: PackingConfig,
+        **_: Any,
+    ) -> Source:
+        """Decodes the conversation's images and checks its tokens against them.
+
+        Raises:
+            ImageError: an image does not decode (a data skip).
+            ValueError: the tokens do not match the images (a bug: it would corrupt its pack).
+        """
+        decoded = [
+            patchify(
+                data,
+                config.vision,
+                max_pixels=config.max_image_pixels,
+                high_bit_depth=config.high_bit_depth,
+            )
+            for data in images
+        ]
+        grids = [grid for _, grid in decoded]
+        special, ids = self.tokenizer.special, np.asarray(input_ids)
+        starts = int((ids == special.vision_start).sum())
+        pads = int((ids == special.image_pad).sum())
+        need = sum(tokens_for(g, config.vision) for g in grids)
+        if starts != len(grids) or pads != need:
+            raise ValueError(
+                f"{starts} vision-start and {pads} image-pad tokens for {len(grids)} image(s) "
+                f"that need {need}"
+            )
+        media = self.empty_media(config)
+        if decoded:
+            media = {
+                PIXEL_VALUES: np.concatenate([p for p, _ in decoded]),
+                IMAGE_GRID_THW: np.asarray(grids, dtype=np.int64).reshape(-1, 3),
+            }
+        return Source(
+            key=key,
+            input_ids=input_ids,
+            token_mask=token_mask,
+            positions=mrope_positions(ids, grids, self.mrope) if self.mrope else None,
+            media=media,
+            images=len(grids),
+        )

@@ -161,7 +161,8 @@ def parse_turns(
             for k, text in enumerate(texts):
                 if k:
                     pieces.append(images.take(None))
-                pieces.append(_text(text, m))
+                if text:  # "<image>\nWhat?" is [image, "\nWhat?"], as a parts list writes it
+                    pieces.append(_text(text, m))
         elif isinstance(content, list):
             for p, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None

@@ -25,12 +25,9 @@ from megatron.energon import Cooker, TaskEncoder, WorkerConfig, stateless
 from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the one Energon catches
 
 from energon_packing.config import PackingConfig
-from energon_packing.encoding.builtin import encode
+from energon_packing.encoding import make_chat
 from energon_packing.encoding.chat import OverlongError, Skip, brief
 from energon_packing.encoding.images import ImageError
-from energon_packing.encoding.positions import MRope, mrope_positions
-from energon_packing.encoding.tokenizer import ChatTokenizer
-from energon_packing.encoding.vision import patchify, tokens_for
 from energon_packing.loader.energon import (
     CarryPackingDataset,
     PackingGuard,
@@ -47,10 +44,8 @@ from energon_packing.packing.algorithms import DEFAULT_ALGORITHM, round_up, sele
 from energon_packing.packing.balance import attention_cost
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
-    IMAGE_GRID_THW,
     PACKING_METRICS,
     PACKING_SKIPPED,
-    PIXEL_VALUES,
     RESTORE_KEY,
     Pack,
     Source,
@@ -89,11 +84,18 @@ class PackingError(FatalSampleError):
 class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, PackedSample, dict]):
     """Packs multimodal conversations inside the Energon loader.
 
+    Conversations are laid out either by the built-in ChatML + Qwen2-VL layout over
+    ``tokenizer`` (no transformers needed) or by a model family's own Hugging Face ``processor``
+    (its chat template, image tokens and pixels; :mod:`energon_packing.encoding.processor`).
+
     Args:
         max_input_seq_length: Pack width C; every pack is exactly C tokens wide.
-        tokenizer: A Hugging Face tokenizer or processor, a ``tokenizers.Tokenizer`` or a local
-            path (never downloads); ``"bundled"`` is the package's 1,633-token demo tokenizer
-            (sample data, tests).
+        tokenizer: For the built-in layout: a Hugging Face tokenizer or processor, a
+            ``tokenizers.Tokenizer`` or a local path (never downloads); ``"bundled"`` is the
+            package's 1,633-token demo tokenizer (sample data, tests).
+        processor: Instead of ``tokenizer``: a ``transformers`` processor of a supported family
+            (or a tokenizer with a chat template, for text-only models), or a local directory
+            holding one.
         pad_multiple: Each conversation is padded to a multiple of this.
         algorithm: Packing algorithm (``energon_packing.packing.ALGORITHMS``).
         overlong: ``"drop"``, ``"truncate"`` or ``"error"`` for conversations longer than C.
@@ -111,6 +113,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         *,
         max_input_seq_length: int,
         tokenizer: Any = None,
+        processor: Any = None,
         pad_multiple: int = 1,
         algorithm: str = DEFAULT_ALGORITHM,
         overlong: str = "drop",
@@ -128,21 +131,34 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 **options,
             )
         )
-        self.tokenizer = ChatTokenizer(tokenizer)
+        self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
+        #: the built-in layout's tokenizer (None on a processor path)
+        self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
         self.stats = PackingStats()
         self._buffer_size: int | None = None  # set by build_batch
         self._errors_in_a_row = 0
-        special = self.tokenizer.special
-        self._mrope = (
-            MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
-            if self.config.mrope
-            else None
-        )
 
     @classmethod
-    def from_config(cls, config: PackingConfig | dict, *, tokenizer: Any) -> PackingTaskEncoder:
+    def from_config(
+        cls, config: PackingConfig | dict, *, tokenizer: Any = None, processor: Any = None
+    ) -> PackingTaskEncoder:
         values = config.to_dict() if isinstance(config, PackingConfig) else dict(config)
-        return cls(tokenizer=tokenizer, **values)
+        return cls(tokenizer=tokenizer, processor=processor, **values)
+
+    @property
+    def pad_id(self) -> int:
+        """The id of padding tokens (between conversations and in the tail)."""
+        return self.chat.pad_id
+
+    @property
+    def image_token_id(self) -> int | None:
+        """The id the model replaces with vision features (None for text-only models)."""
+        return self.chat.image_token_id
+
+    @property
+    def mrope(self) -> bool:
+        """Whether ``position_ids`` are 3-row mRoPE (``[3, B, C]``)."""
+        return self.chat.mrope is not None
 
     # ---- Energon hooks ------------------------------------------------------------------
 
@@ -155,13 +171,12 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 reason, _, detail = sample.problem.partition(": ")
                 raise Skip(reason, detail)
             subflavors = sample.__subflavors__ or {}
-            encoding = encode(
+            encoding = self.chat.encode(
                 key=key,
                 messages=sample.messages,
                 image_names=sample.image_names,
                 images=sample.images,
                 loss_weight=sample.loss_weight * float(subflavors.get("loss_weight", 1.0)),
-                tokenizer=self.tokenizer,
                 config=self.config,
             )
         except Skip as e:
@@ -181,9 +196,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
             token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
-            image_grids=encoding.grids,
+            image_grids=getattr(encoding, "grids", None) or getattr(encoding, "sizes", []),
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
+            text=getattr(encoding, "text", ""),
         )
 
     def select_samples_to_pack(self, samples: list[EncodedConversation]) -> list:
@@ -300,7 +316,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 sources,
                 width=config.max_input_seq_length,
                 pad_multiple=config.pad_multiple,
-                pad_id=self.tokenizer.special.pad,
+                pad_id=self.pad_id,
             )
             pack.check(pad_multiple=config.pad_multiple)
         except Exception as e:  # a bug: report every member rather than let Energon drop them
@@ -343,65 +359,24 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def decode_images(self, sample: EncodedConversation) -> list[tuple[np.ndarray, tuple]]:
-        """``(pixel_values, grid)`` per image of a conversation, decoded now (override to serve
-        precomputed pixels or features)."""
-        config = self.config
-        return [
-            patchify(
-                data,
-                config.vision,
-                max_pixels=config.max_image_pixels,
-                high_bit_depth=config.high_bit_depth,
-            )
-            for data in sample.images
-        ]
-
     def _source(self, sample: EncodedConversation) -> Source | None:
-        """One conversation with its decoded images, ready for :func:`layout`; ``None`` (and a
-        skip in the report) if an image does not decode."""
+        """One conversation with its decoded images, checked and ready for :func:`layout`;
+        ``None`` (and a skip in the report) if an image does not decode or the conversation
+        fails at pack time (it alone: never its pack-mates)."""
         try:
-            decoded = self.decode_images(sample)
+            return self.chat.source(
+                key=sample.__key__,
+                input_ids=sample.input_ids,
+                token_mask=sample.token_mask,
+                images=sample.images,
+                text=sample.text,
+                config=self.config,
+            )
         except ImageError as e:
             self.stats.skip(sample.__key__, e.reason, str(e))
-            return None
-        except Exception as e:  # costs this conversation only, not its pack-mates
+        except Exception as e:  # a bug (or a processor that disagrees with its size rule)
             self._unexpected([sample.__key__], "source_error", e)
-            return None
-        grids = [grid for _, grid in decoded]
-        pixels = [p for p, _ in decoded] or [
-            np.zeros((0, self.config.vision.patch_dim), np.float32)
-        ]
-        try:
-            positions = (
-                mrope_positions(sample.input_ids, grids, self._mrope) if self._mrope else None
-            )
-        except Exception as e:  # costs this conversation only, not its pack-mates
-            self._unexpected(sample.__key__, "pack_error", e)
-            return None
-        return Source(
-            key=sample.__key__,
-            input_ids=sample.input_ids,
-            token_mask=sample.token_mask,
-            positions=positions,
-            media={
-                PIXEL_VALUES: np.concatenate(pixels),
-                IMAGE_GRID_THW: np.asarray(grids, dtype=np.int64).reshape(-1, 3),
-            },
-            images=len(grids),
-        )
-
-    def _check_source(self, sample: EncodedConversation, grids: list) -> None:
-        """The conversation's image tokens match its images (else it would corrupt its pack)."""
-        special, ids = self.tokenizer.special, np.asarray(sample.input_ids)
-        starts = int((ids == special.vision_start).sum())
-        pads = int((ids == special.image_pad).sum())
-        need = sum(tokens_for(g, self.config.vision) for g in grids)
-        if starts != len(grids) or pads != need:
-            raise ValueError(
-                f"{starts} vision-start and {pads} image-pad tokens for {len(grids)} image(s) "
-                f"that need {need}"
-            )
+        return None
 
     def _tail(self) -> dict | None:
         """The accounting-only batch that ends a worker's stream when skips are left that no
@@ -409,8 +384,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         if not self.stats.events:
             return None
         config = self.config
-        empty = empty_batch(config.max_input_seq_length, mrope=config.mrope)
-        return self._account({**empty, PIXEL_VALUES: [], IMAGE_GRID_THW: []})
+        empty = empty_batch(config.max_input_seq_length, mrope=self.mrope)
+        return self._account({**empty, **{name: [] for name in self.chat.empty_media(config)}})
 
     def _rows(self, samples: list[EncodedConversation]) -> list[Pack]:
         """One padded row per conversation, all as wide as the longest (rounded up)."""
@@ -419,8 +394,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             raise SkipSample()
         multiple = self.config.pad_multiple
         width = round_up(max(len(s.input_ids) for s in sources), multiple)
-        pad = self.tokenizer.special.pad
-        return [layout([s], width=width, pad_multiple=multiple, pad_id=pad) for s in sources]
+        return [
+            layout([s], width=width, pad_multiple=multiple, pad_id=self.pad_id) for s in sources
+        ]
 
     def _unexpected(self, keys: list[str], reason: str, error: Exception) -> None:
         """Skips ``keys`` under ``reason`` and counts ONE unexpected error (a failed pack is one

@@ -49,6 +49,16 @@ def main() -> None:
     """Loader-side sequence packing for Megatron-Energon."""
 
 
+def _processor_option(fn):
+    return click.option(
+        "--processor",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="A local directory holding a Hugging Face processor (its chat template, image "
+        "tokens and pixels) instead of the built-in layout; never downloads.",
+    )(fn)
+
+
 @main.command()
 @_data_option()
 @click.option(
@@ -67,8 +77,15 @@ def main() -> None:
     show_default=True,
 )
 @click.option("--packs", "shown", default=6, show_default=True, help="Packs drawn in the picture.")
+@_processor_option
 def demo(
-    data: Path | None, capacity: int, buffer: int, trainer_batch: int, picture: Path, shown: int
+    data: Path | None,
+    capacity: int,
+    buffer: int,
+    trainer_batch: int,
+    picture: Path,
+    shown: int,
+    processor: Path | None,
 ) -> None:
     """Pack the bundled sample data through the real Energon loader and report."""
     _quiet()
@@ -87,7 +104,11 @@ def demo(
         recommend,
     )
 
-    knobs = dict(max_input_seq_length=capacity, tokenizer="bundled", pad_multiple=8, carry=True)
+    knobs = dict(max_input_seq_length=capacity, pad_multiple=8, carry=True)
+    if processor is not None:  # the family's own template, image tokens and pixels
+        knobs["processor"] = str(processor)
+    else:
+        knobs["tokenizer"] = "bundled"
     te = PackingTaskEncoder(**knobs)
     start = time.perf_counter()
     batches = list(epoch(data, te, packing_buffer_size=buffer))
@@ -96,7 +117,7 @@ def demo(
     measured = measure_costs(data, PackingTaskEncoder(**knobs), progress=False)
     bound = lower_bound(measured.costs, capacity)
     sizes = [len(b["source_ids"][0]) for b in batches]
-    click.echo(f"energon-packing demo: {data}")
+    click.echo(f"energon-packing demo: {data}" + (f" through {te.chat!r}" if processor else ""))
     click.echo(
         f"  {stats.read} conversations read, {stats.packed} packed into {stats.packs} packs of "
         f"{capacity} tokens in {seconds:.1f} s (real Energon loader, buffer {buffer}, carry on)"
@@ -124,9 +145,7 @@ def demo(
         )
         + "\n"
     )
-    layouts = [
-        pack_segments(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches[:shown]
-    ]
+    layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches[:shown]]
     draw(
         layouts,
         picture,
@@ -158,13 +177,14 @@ def _encoder_options(fn):
                 show_default=True,
                 help="Tokenizer path, or 'bundled' (the demo tokenizer of the sample data).",
             ),
+            _processor_option,
         ]
     ):
         fn = option(fn)
     return fn
 
 
-def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, **extra):
+def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, **extra):
     from energon_packing import PackingTaskEncoder
 
     knobs = dict(
@@ -172,6 +192,8 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, **extra):
     )
     if max_pixels is not None:
         knobs["max_pixels"] = max_pixels
+    if processor is not None:
+        return PackingTaskEncoder(processor=str(processor), **knobs)
     return PackingTaskEncoder(tokenizer=tokenizer, **knobs)
 
 
@@ -185,7 +207,15 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, **extra):
     "--algorithm", "algorithms", multiple=True, help="Only these algorithms (default: all)."
 )
 def stats(
-    path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, buffers, algorithms
+    path: Path,
+    capacity,
+    pad_multiple,
+    max_pixels,
+    overlong,
+    tokenizer,
+    processor,
+    buffers,
+    algorithms,
 ) -> None:
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
@@ -198,7 +228,7 @@ def stats(
         recommend,
     )
 
-    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer)
+    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
     measured = measure_costs(path, te, progress=True)
     click.echo(
         f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens, "
@@ -229,6 +259,7 @@ def preview(
     max_pixels,
     overlong,
     tokenizer,
+    processor,
     buffer,
     carry,
     count,
@@ -240,9 +271,9 @@ def preview(
     _quiet()
     from energon_packing.tools.picture import describe, draw, pack_segments
 
-    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, carry=carry)
+    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, carry=carry)
     batches = list(itertools.islice(epoch(path, te, packing_buffer_size=buffer), count))
-    layouts = [pack_segments(b, 0, image_pad_id=te.tokenizer.special.image_pad) for b in batches]
+    layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches]
     click.echo(describe(layouts))
     draw(layouts, picture, title=f"{path.name}: first {len(layouts)} packs (C={capacity})")
     click.echo(f"picture: {picture}")

@@ -42,13 +42,18 @@ def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
     return [(offset + int(a), offset + int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def pack_segments(batch: dict, row: int, *, image_pad_id: int) -> Layout:
-    """The segments of pack ``row`` of a prepacked batch."""
+def pack_segments(batch: dict, row: int, *, image_pad_id: int | None) -> Layout:
+    """The segments of pack ``row`` of a prepacked batch (image grids where the family has
+    them: Qwen2-VL's ``image_grid_thw``; else ``1x1x1`` per image)."""
     ids = batch["input_ids"][row].numpy()
     cu = batch["cu_seqlens"][row].tolist()
     cup = batch["cu_seqlens_padded"][row].tolist()
-    grids = batch["image_grid_thw"][row].tolist()
     owners = batch["image_source_index"][row].tolist()
+    grids = (
+        batch["image_grid_thw"][row].tolist()
+        if "image_grid_thw" in batch
+        else [[1, 1, 1]] * len(owners)
+    )
     segments = []
     for k, key in enumerate(batch["source_ids"][row]):
         start, real = cup[k], cu[k + 1] - cu[k]
@@ -58,7 +63,9 @@ def pack_segments(batch: dict, row: int, *, image_pad_id: int) -> Layout:
                 start=start,
                 real_end=start + real,
                 padded_end=cup[k + 1],
-                images=_runs(ids[start : start + real] == image_pad_id, start),
+                images=_runs(ids[start : start + real] == image_pad_id, start)
+                if image_pad_id is not None
+                else [],
                 grids=[tuple(g) for g, o in zip(grids, owners) if o == k],
             )
         )

@@ -188,7 +188,7 @@ def format_table(rows: Sequence[Row]) -> str:
         lines.append(f"{algorithm + marker:<31}" + "".join(cells))
     lines.append(
         "cells: packs over the lower bound / efficiency (real tokens / packs x C); "
-        "chunk = Energon 7.4.1, * = default"
+        "chunk = Energon's own packing stage, * = default"
     )
     return "\n".join(lines)
 

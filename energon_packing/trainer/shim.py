@@ -6,7 +6,8 @@ The one branch where loader packs and trainer packs meet (NeMo-RL's microbatch i
                                └─ no ──> trainer_side.pack_microbatches: bin rows, squeeze
                                          (or trainer_side.padded_microbatch: no packing)
     each microbatch: model_inputs (input_ids, position_ids, packed_seq_params(qkv_format="thd"),
-                     pixel_values, image_grid_thw, vision_token_index), labels, loss_mask
+                     pixel_values, image_grid_thw, a processor's other fields,
+                     vision_token_index), labels, loss_mask
 
 Boundary modes for the attention parameters:
 
@@ -37,15 +38,14 @@ from energon_packing.schema import (
     BOUNDARY_KEYS,
     CU_SEQLENS,
     CU_SEQLENS_PADDED,
-    IMAGE_GRID_THW,
     INPUT_IDS,
     INPUT_LENGTHS,
-    PIXEL_VALUES,
     POSITION_IDS,
     SOURCE_IDS,
     TOKEN_MASK,
     PackContractError,
     is_empty,
+    model_fields,
     pack_from_batch,
 )
 
@@ -255,8 +255,8 @@ def build_microbatch(
     token_mask: torch.Tensor,
     cu: torch.Tensor,
     cu_padded: torch.Tensor,
-    pixel_values: Any,
-    grids: Any,
+    media: dict,
+    token_fields: dict,
     source_ids: list,
     rows: tuple,
     image_token_id: int | None,
@@ -266,7 +266,8 @@ def build_microbatch(
     cp_group: Any,
 ) -> Microbatch:
     """Labels, CP slice and attention params for one flat packed row (``ids [T]``); the
-    prepacked path and the trainer-side path both end here."""
+    prepacked path and the trainer-side path both end here. ``media`` (image-aligned) pass to
+    the model as they are; ``token_fields`` (aligned with ``ids``) are CP-sliced like it."""
     labels = torch.roll(ids, -1)
     loss_mask = torch.roll(token_mask, -1)  # weight of predicting token t+1 from position t
     vision = _vision_index(ids, image_token_id)
@@ -279,11 +280,12 @@ def build_microbatch(
     vision = vision[keep] if vision is not None else None
     inputs = {"input_ids": ids.unsqueeze(0), "packed_seq_params": params}
     inputs["position_ids"] = positions.unsqueeze(-2)  # [1, T] or [3, 1, T]
-    if pixel_values is not None and len(pixel_values):
-        inputs["pixel_values"] = pixel_values
-        inputs["image_grid_thw"] = grids
+    if any(len(value) for value in media.values()):
+        inputs.update(media)
         if vision is not None:
             inputs["vision_token_index"] = vision.unsqueeze(0)
+    for name, value in token_fields.items():
+        inputs[name] = value[keep].unsqueeze(0)
     return Microbatch(
         model_inputs=inputs,
         labels=labels.unsqueeze(0),
@@ -342,6 +344,7 @@ def prepacked_microbatches(
     if validate:
         validate_prepacked(batch, pad_multiple=pad_multiple, cp_size=cp_size)
     rows = batch[INPUT_IDS].shape[0]
+    media, tokens = model_fields(batch)
     return [
         build_microbatch(
             ids=batch[INPUT_IDS][i],
@@ -349,8 +352,8 @@ def prepacked_microbatches(
             token_mask=batch[TOKEN_MASK][i],
             cu=torch.as_tensor(batch[CU_SEQLENS][i]),
             cu_padded=torch.as_tensor(batch[CU_SEQLENS_PADDED][i]),
-            pixel_values=_per_row(batch, PIXEL_VALUES, i),
-            grids=_per_row(batch, IMAGE_GRID_THW, i),
+            media={key: batch[key][i] for key in media},
+            token_fields={key: batch[key][i] for key in tokens},
             source_ids=list(batch[SOURCE_IDS][i]),
             rows=(i,),
             image_token_id=image_token_id,

@@ -147,15 +147,14 @@ def _squeeze(
             )
         )
     pack = layout(sources, width=width, pad_multiple=pad_multiple, pad_id=pad_id)
-    pixels = pack.media.get(PIXEL_VALUES)
     return build_microbatch(
         ids=torch.from_numpy(pack.input_ids),
         positions=torch.from_numpy(pack.position_ids),
         token_mask=torch.from_numpy(pack.token_mask),
         cu=torch.from_numpy(pack.cu_seqlens),
         cu_padded=torch.from_numpy(pack.cu_seqlens_padded),
-        pixel_values=None if pixels is None else torch.from_numpy(pixels),
-        grids=None if pixels is None else torch.from_numpy(pack.media[IMAGE_GRID_THW]),
+        media={name: torch.from_numpy(value) for name, value in pack.media.items()},
+        token_fields={},
         source_ids=[k for r in rows for k in batch[SOURCE_IDS][r]] if SOURCE_IDS in batch else [],
         rows=tuple(rows),
         **common,

@@ -1,0 +1,369 @@
+"""Real model families, built offline: each family's processor and a tiny random-init model.
+
+    processor, model, info = build("qwen2_vl")
+
+The processor is the family's own ``transformers`` processor class over the bundled byte-level
+BPE plus the family's special tokens, the family's PIL image processor (torchvision is not
+needed) at small image sizes, and the family's chat template (:mod:`.templates`). The model is
+the family's ``*ForConditionalGeneration`` from a tiny config, float32, random init. Nothing is
+downloaded. Families: :data:`FAMILIES`.
+
+Two accommodations, neither of which touches image processing:
+
+* processors that type-check a ``video_processor`` argument (Qwen2/2.5/3-VL, LLaVA-OneVision)
+  get a same-named subclass that accepts ``None`` (the video processor classes need
+  torchvision; images never touch it);
+* a random Gemma 3 zeroes ``mm_input_projection_weight`` at init, so it gets random values
+  (else images would never reach the logits and an equivalence test would prove nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
+from energon_packing.testing.templates import (
+    GEMMA3_TEMPLATE,
+    IDEFICS3_TEMPLATE,
+    LLAVA_ONEVISION_TEMPLATE,
+    QWEN2_VL_TEMPLATE,
+    QWEN3_VL_TEMPLATE,
+)
+
+__all__ = ["FAMILIES", "build", "make_tokenizer", "video_optional"]
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "llava_onevision")
+
+QWEN_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+IDEFICS3_ROW_COL = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+
+
+def make_tokenizer(
+    *,
+    extra: list[str] = (),
+    named: dict[str, str] | None = None,
+    bos: str | None = None,
+    eos: str | None = None,
+    pad: str | None = None,
+    add_bos: bool = False,
+) -> Any:
+    """The bundled BPE as a ``PreTrainedTokenizerFast`` with a family's special tokens.
+
+    ``named``: attribute-style special tokens a processor reads (Gemma 3's ``boi_token``...);
+    ``add_bos``: prepend BOS like Gemma's and Llama 3's tokenizers do.
+    """
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+
+    kwargs = {
+        name: value
+        for name, value in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad))
+        if value
+    }
+    if named:
+        kwargs["extra_special_tokens"] = dict(named)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_TOKENIZER), **kwargs)
+    missing = [t for t in extra if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True
+        )
+    if add_bos:
+        bos_id = tokenizer.convert_tokens_to_ids(bos)
+        tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    return tokenizer
+
+
+class _VideoOptional:
+    """Accepts ``video_processor=None`` (transformers 5.x type-checks it even when unused)."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def video_optional(cls: type) -> type:
+    """``cls`` (a processor class) accepting ``video_processor=None``; same name, same images."""
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(cls.__name__, (_VideoOptional, cls), {"__module__": __name__})
+    return _SUBCLASSES[cls]
+
+
+def _qwen(family: str) -> tuple[Any, Any, dict]:
+    import torch
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    tokenizer = make_tokenizer(extra=QWEN_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    )
+    vision = dict(spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    patch, template = 14, QWEN2_VL_TEMPLATE
+    image_processor = dict(min_pixels=56 * 56, max_pixels=224 * 224)
+    if family == "qwen2_vl":
+        names = ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
+        vision.update(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
+    elif family == "qwen2_5_vl":
+        names = ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
+        vision.update(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+    else:  # qwen3_vl: patch 16, mean/std 0.5, interleaved mRoPE, deepstack
+        names = ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
+        patch, template = 16, QWEN3_VL_TEMPLATE
+        image_processor = dict(
+            min_pixels=64 * 64, max_pixels=256 * 256, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        )
+        text.update(
+            head_dim=16, rope_parameters={**text["rope_parameters"], "mrope_interleaved": True}
+        )
+        text["rope_parameters"]["rope_theta"] = 5000000.0
+        vision.update(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
+    config_cls, model_cls, processor_cls = (getattr(transformers, n) for n in names)
+    config = config_cls(
+        text_config=text,
+        vision_config={**vision, "patch_size": patch},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    processor = video_optional(processor_cls)(
+        image_processor=Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, **image_processor),
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=template,
+    )
+    torch.manual_seed(0)
+    return processor, model_cls(config).eval(), {"family": family}
+
+
+def _gemma3() -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tokenizer = make_tokenizer(
+        named={
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+        extra=["<start_of_turn>", "<end_of_turn>"],
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        add_bos=True,
+    )
+    side, patch, tokens_per_image = 56, 14, 4  # 4x4 SigLIP patches pooled to 2x2
+    processor = Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": side, "width": side}),
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_TEMPLATE,
+        image_seq_length=tokens_per_image,
+    )
+    config = Gemma3Config(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=side,
+            patch_size=patch,
+        ),
+        mm_tokens_per_image=tokens_per_image,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # zero at init: images would never reach the logits
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.5)
+    info = {"family": "gemma3", "sliding_window": 8, "image_token_id": tokenizer.image_token_id}
+    return processor, model, info
+
+
+def _idefics3() -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+
+    specials = [
+        "<fake_token_around_image>",
+        "<image>",
+        "<global-img>",
+        *IDEFICS3_ROW_COL,
+        "<end_of_utterance>",
+    ]
+    tokenizer = make_tokenizer(
+        extra=specials,
+        bos="<|begin_of_text|>",
+        eos="<end_of_utterance>",
+        pad="<|endoftext|>",
+        add_bos=True,
+    )
+    tile, patch, scale = 32, 8, 2  # a 32 px tile: 4x4 patches, pixel shuffle 2: 4 tokens
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(
+            size={"longest_edge": 2 * tile}, max_image_size={"longest_edge": tile}
+        ),
+        tokenizer=tokenizer,
+        image_seq_len=(tile // patch) ** 2 // scale**2,
+        chat_template=IDEFICS3_TEMPLATE,
+    )
+    config = Idefics3Config(
+        text_config=dict(
+            model_type="llama",
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=tile,
+            patch_size=patch,
+        ),
+        scale_factor=scale,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    torch.manual_seed(0)
+    return processor, Idefics3ForConditionalGeneration(config).eval(), {"family": "idefics3"}
+
+
+def _llava_onevision() -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        LlavaOnevisionProcessor,
+    )
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, "<image>", "<video>"], eos="<|im_end|>", pad="<|endoftext|>"
+    )
+    side, patch = 28, 7  # a 28 px base tile: 4x4 = 16 features
+    pinpoints = [[side * a, side * b] for a in (1, 2, 3) for b in (1, 2, 3)]
+    processor = video_optional(LlavaOnevisionProcessor)(
+        image_processor=LlavaOnevisionImageProcessorPil(
+            size={"height": side, "width": side},
+            image_grid_pinpoints=pinpoints,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        video_processor=None,
+        num_image_tokens=(side // patch) ** 2,
+        vision_feature_select_strategy="full",
+        chat_template=LLAVA_ONEVISION_TEMPLATE,
+        vision_aspect_ratio="anyres_max_9",
+    )
+    config = LlavaOnevisionConfig(
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=side,
+            patch_size=patch,
+        ),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=pinpoints,
+        vision_aspect_ratio="anyres_max_9",
+    )
+    torch.manual_seed(0)
+    model = LlavaOnevisionForConditionalGeneration(config).eval()
+    return processor, model, {"family": "llava_onevision"}
+
+
+def build(family: str) -> tuple[Any, Any, dict]:
+    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES`; offline, CPU."""
+    if family.startswith("qwen"):
+        return _qwen(family)
+    builders = {"gemma3": _gemma3, "idefics3": _idefics3, "llava_onevision": _llava_onevision}
+    if family not in builders:
+        raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    return builders[family]()

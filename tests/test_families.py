@@ -1,0 +1,323 @@
+"""Real model families through their own processors, through the real Energon loader.
+
+For every family: a processor built offline (the family's processor class, the bundled BPE plus
+its special tokens, its PIL image processor, its published chat template) and a tiny random-init
+model of the family. Per family: token ids equal the processor's own, predicted costs are the
+real lengths, every pixel field is bit-equal to the processor on the conversation alone, mRoPE
+ids equal the model's ``get_rope_index``, and per-source logits in a loader pack equal the
+conversation run alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import loader_batches, make_dataset, raw_sample
+
+from energon_packing import PackingTaskEncoder
+from energon_packing.encoding.images import decode
+from energon_packing.loader.samples import ConversationSample, load_conversation
+from energon_packing.testing.synth import conversations
+from energon_packing.trainer import prepacked_microbatches
+
+transformers = pytest.importorskip("transformers")
+
+from energon_packing.testing import hf  # noqa: E402
+from energon_packing.testing.families import FAMILIES, build  # noqa: E402
+
+pytestmark = pytest.mark.energon
+
+CAPACITY = 1024
+CONVERSATIONS = list(conversations(16, seed=5))
+BY_KEY = {c.key: c for c in CONVERSATIONS}
+
+
+@pytest.fixture(scope="module")
+def family_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("families"), CONVERSATIONS, per_shard=16)
+
+
+def hf_messages(document: dict) -> list[dict]:
+    """The document in the processor's message format, written independently of the package:
+    ``<image>`` strings become [image, text] parts, parts stay as they are."""
+    messages = []
+    for message in document["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            parts = []
+            for k, text in enumerate(content.split("<image>")):
+                if k:
+                    parts.append({"type": "image"})
+                if text:
+                    parts.append({"type": "text", "text": text})
+        else:
+            parts = [
+                {"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]}
+                for p in content
+            ]
+        messages.append({"role": message["role"], "content": parts})
+    return messages
+
+
+def images_in_order(conversation) -> list[bytes]:
+    names, order, cursor = list(conversation.document.get("images", [])), [], 0
+    for message in conversation.document["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            for _ in range(content.count("<image>")):
+                while names[cursor] in order:
+                    cursor += 1
+                order.append(names[cursor])
+        else:
+            order += [p["image"] for p in content if p["type"] == "image"]
+    return [conversation.images[name] for name in order]
+
+
+def _processor_call(processor, conversation, images) -> dict:
+    text = processor.apply_chat_template(hf_messages(conversation.document), tokenize=False)
+    bos = processor.tokenizer.bos_token
+    return processor(
+        text=[text],
+        images=[images] if images else None,
+        add_special_tokens=not (bos and text.startswith(bos)),  # as tokenize=True: one BOS
+        return_tensors="pt",
+    )
+
+
+def concat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+    padded = []
+    for p in parts:
+        pad = []
+        for d in reversed(range(1, p.ndim)):
+            pad += [0, widest[d - 1] - p.shape[d]]
+        padded.append(torch.nn.functional.pad(p, pad))
+    return torch.cat(padded)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_through_its_processor_and_the_loader(family_dataset, family):
+    processor, model, info = build(family)
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+    assert te.chat.family_name == family
+    sources = worst = 0
+    for batch in loader_batches(family_dataset, te, buffer=8):
+        (mb,) = prepacked_microbatches(batch, pad_multiple=8)
+        logits = hf.run(model, hf.packed_kwargs(mb.model_inputs, mb.cu_seqlens_padded, info))
+        expected_media: dict[str, list] = {}
+        for k, key in enumerate(mb.source_ids):
+            reference = _processor_call(
+                processor,
+                BY_KEY[key],
+                [decode(d) for d in images_in_order(BY_KEY[key])],
+            )
+            start, n = int(mb.cu_seqlens_padded[k]), int(mb.cu_seqlens[k + 1] - mb.cu_seqlens[k])
+            ids = mb.model_inputs["input_ids"][0, start : start + n]
+            assert torch.equal(ids, reference["input_ids"][0]), f"{family} {key}: token ids"
+            for name, value in reference.items():
+                if name in ("input_ids", "attention_mask"):
+                    continue
+                if value.ndim == 2 and value.shape == reference["input_ids"].shape:  # per token
+                    got = mb.model_inputs[name][0, start : start + n]
+                    assert torch.equal(got, value[0]), f"{family} {key}: {name}"
+                else:
+                    expected_media.setdefault(name, []).append(value)
+            if te.mrope:  # the family's own rule: the model's get_rope_index on the source
+                rope, _ = model.model.get_rope_index(
+                    reference["input_ids"],
+                    reference["mm_token_type_ids"],
+                    image_grid_thw=reference.get("image_grid_thw"),
+                    video_grid_thw=None,
+                    attention_mask=None,
+                )
+                got = mb.model_inputs["position_ids"][:, 0, start : start + n]
+                assert torch.equal(got, rope[:, 0]), f"{family} {key}: mRoPE ids"
+            alone_logits = hf.run(model, dict(reference))
+            worst = max(worst, float((logits[start : start + n] - alone_logits[:n]).abs().max()))
+            sources += 1
+        for name, parts in expected_media.items():  # bit-equal, in source order
+            assert torch.equal(mb.model_inputs[name], concat_padded(parts)), f"{family} {name}"
+        assert set(expected_media) <= set(mb.model_inputs)
+    assert sources >= len(CONVERSATIONS) - 2 and not te.stats.skipped.keys() - {"overlong"}
+    assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_predicted_costs_are_the_real_lengths(family):
+    """encode_sample costs a conversation from its image headers; the processor, run on the
+    decoded pixels, gives exactly that many tokens (fuzzed image sizes, 1-3 images)."""
+    processor, _, _ = build(family)
+    te = PackingTaskEncoder(max_input_seq_length=1 << 16, processor=processor)
+    rng = np.random.default_rng(7)
+    for case in range(12):
+        sizes = [
+            (int(rng.integers(8, 700)), int(rng.integers(8, 700)))
+            for _ in range(int(rng.integers(1, 4)))
+        ]
+        names = [f"img{i}.png" for i in range(len(sizes))]
+        content = [{"type": "image", "image": n} for n in names] + [
+            {"type": "text", "text": f"Case {case}: what differs?"}
+        ]
+        document = {
+            "messages": [
+                {"role": "user", "content": content},
+                {"role": "assistant", "content": "The sizes."},
+            ],
+            "images": names,
+        }
+        images = {n: _png(w, h) for n, (w, h) in zip(names, sizes)}
+        sample = ConversationSample(
+            __key__=f"case{case}",
+            __restore_key__=(),
+            **load_conversation(raw_sample(f"case{case}", document, images)),
+        )
+        encoded = te.encode_sample(sample)
+        pil = [decode(images[n]) for n in names]
+        text = processor.apply_chat_template(hf_messages(document), tokenize=False)
+        bos = processor.tokenizer.bos_token
+        real = processor(
+            text=[text],
+            images=[pil],
+            add_special_tokens=not (bos and text.startswith(bos)),
+            return_tensors="np",
+        )["input_ids"][0]
+        assert encoded.length == len(real) and encoded.input_ids.tolist() == real.tolist(), (
+            f"{family}: image (width, height) {sizes}"
+        )
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (width % 256, height % 256, 90)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_the_loss_mask_covers_each_reply_and_its_end_of_turn():
+    processor, _, _ = build("qwen2_vl")
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    messages = [
+        {"role": "user", "content": "What is red?"},
+        {"role": "assistant", "content": "The circle."},
+        {"role": "user", "content": "And blue?"},
+        {"role": "assistant", "content": "The square."},
+    ]
+    sample = ConversationSample(
+        __key__="m",
+        __restore_key__=(),
+        **load_conversation(raw_sample("m", {"messages": messages})),
+    )
+    decode_ids = processor.tokenizer.decode
+
+    def trained(**knobs):
+        encoder = PackingTaskEncoder(max_input_seq_length=4096, processor=processor, **knobs)
+        encoded = encoder.encode_sample(sample)
+        runs, current = [], []
+        for token, weight in zip(encoded.input_ids.tolist(), encoded.token_mask.tolist()):
+            if weight > 0:
+                current.append(token)
+            elif current:
+                runs.append(decode_ids(current))
+                current = []
+        return runs + ([decode_ids(current)] if current else [])
+
+    assert trained() == ["The circle.<|im_end|>", "The square.<|im_end|>"]
+    assert trained(train_on="last_assistant") == ["The square.<|im_end|>"]
+    assert trained(train_on="assistant_messages") == [
+        "<|im_start|>assistant\nThe circle.<|im_end|>\n",
+        "<|im_start|>assistant\nThe square.<|im_end|>\n",
+    ]
+    assert te.encode_sample(sample).token_mask[0] == 0
+
+
+def test_the_builtin_layout_and_a_chatml_processor_agree():
+    """The processor path on a ChatML template (Qwen2-VL's, without its default system turn)
+    with the bundled tokenizer gives the built-in layout's ids and mask, images included."""
+    from transformers import Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from energon_packing.testing.families import make_tokenizer, video_optional
+    from energon_packing.testing.templates import QWEN2_VL_TEMPLATE
+
+    template = QWEN2_VL_TEMPLATE.replace(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", ""
+    )
+    tokenizer = make_tokenizer(pad="<|endoftext|>")
+    processor = video_optional(Qwen2VLProcessor)(
+        image_processor=Qwen2VLImageProcessorPil(),
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=template,
+    )
+    ours = PackingTaskEncoder(max_input_seq_length=8192, tokenizer="bundled")
+    theirs = PackingTaskEncoder(max_input_seq_length=8192, processor=processor)
+    checked = 0
+    for conversation in CONVERSATIONS:
+        fields = load_conversation(
+            {"json": json.dumps(conversation.document).encode(), **conversation.images}
+        )
+        sample = ConversationSample(__key__=conversation.key, __restore_key__=(), **fields)
+        a, b = ours.encode_sample(sample), theirs.encode_sample(sample)
+        assert a.input_ids.tolist() == b.input_ids.tolist(), conversation.key
+        assert a.token_mask.tolist() == b.token_mask.tolist(), conversation.key
+        checked += bool(a.images)
+    assert checked >= 5
+
+
+def test_bad_input_on_a_processor_path(caplog):
+    import logging
+
+    from megatron.energon.errors import SkipSample
+
+    caplog.set_level(logging.WARNING, logger="energon_packing")
+    from energon_packing.testing.families import make_tokenizer
+
+    gemma, _, _ = build("gemma3")
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=gemma)
+
+    def encode(key, document, images=None):
+        fields = load_conversation(raw_sample(key, document, images))
+        sample = ConversationSample(__key__=key, __restore_key__=(), **fields)
+        te.encode_sample(sample)
+
+    with pytest.raises(SkipSample):  # roles must alternate: the template raises
+        encode(
+            "twice",
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "user", "content": "b"},
+                    {"role": "assistant", "content": "c"},
+                ]
+            },
+        )
+    assert te.stats.skipped["template_error"] == 1
+    assert "roles must alternate" in caplog.text  # the template's own message
+    qwen, _, _ = build("qwen2_vl")
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=qwen)
+    with pytest.raises(SkipSample):  # Qwen refuses an aspect ratio over 200
+        encode(
+            "thin",
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>?"},
+                    {"role": "assistant", "content": "x"},
+                ],
+                "images": ["a.png"],
+            },
+            {"a.png": _png(2000, 8)},
+        )
+    assert te.stats.skipped["unsupported_image"] == 1
+    bare = make_tokenizer()
+    with pytest.raises(ValueError, match="has no chat template"):
+        PackingTaskEncoder(max_input_seq_length=64, processor=bare)
+    with pytest.raises(ValueError, match="not both"):
+        PackingTaskEncoder(max_input_seq_length=64, processor=qwen, tokenizer="bundled")
