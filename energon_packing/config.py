@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
-TRAIN_ON = ("all_assistant", "last_assistant", "assistant_messages")
+TRAIN_ON = ("all_assistant", "last_assistant", "assistant_messages", "last_assistant_message")
+
 SPECIAL_TOKEN_TEXT = ("text", "skip")
 HIGH_BIT_DEPTH = ("scale", "clip")
 #: 50 megapixels: an 8K photo; decoding one costs ~150 MB of RGB in the loader worker.
@@ -56,8 +57,10 @@ class PackingConfig:
             ``"truncate"`` (cut text after the last image, keep >= 1 trained token, else drop)
             or ``"error"`` (stop with a message naming the sample).
         train_on: ``"all_assistant"`` turns (each reply and its end-of-turn token), only the
-            ``"last_assistant"`` turn, or ``"assistant_messages"``: every assistant message as
-            rendered, role header and trailing newline included (what NeMo-RL's producer trains).
+            ``"last_assistant"`` turn, ``"assistant_messages"``: every assistant message as
+            rendered, role header and trailing newline included (what NeMo-RL's producer
+            trains), or ``"last_assistant_message"`` (the last one only: NeMo-RL's
+            ``only_unmask_final``).
         mrope: Emit Qwen2-VL 3-row (t, h, w) ``position_ids`` instead of 1-row.
         min_pixels: Images are upscaled to at least this many pixels (Qwen2-VL's knob).
         max_pixels: Images are downscaled to at most this many pixels.

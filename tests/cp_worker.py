@@ -25,6 +25,7 @@ def run(rank: int, world_size: int, init_method: str, inputs_path: str, out_path
                     cp_size=world_size,
                     cp_rank=rank,
                     pad_multiple=payload["pad_multiple"],
+                    cp_group=dist.group.WORLD,
                     image_token_id=payload["image_token_id"],
                 )
                 logits = model(**mb.model_inputs)[0]

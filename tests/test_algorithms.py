@@ -371,3 +371,26 @@ def test_module_docstring_example():
 
     example = re.search(r"pack\(\.\.\.\) (\[\[.*?\]\])", algorithms.__doc__).group(1)
     assert str(pack([6, 5, 4, 3, 2], 10)) == example
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@settings(max_examples=60, deadline=None)
+@given(instance=instances(max_items=40), dp=st.integers(1, 4))
+def test_trainer_bins_invariants(algorithm, instance, dp):
+    """Every row once, capacity kept, bin count a multiple of dp (when there are enough rows)."""
+    from energon_packing.packing.trainer_bins import trainer_bins
+
+    lengths, capacity, max_per_pack = instance
+    if not lengths:
+        return
+    target = max(dp, 1)
+    try:
+        bins = trainer_bins(
+            lengths, capacity, algorithm=algorithm, dp_size=dp, max_per_bin=max_per_pack
+        )
+    except ValueError as e:
+        assert "cannot fill a multiple of dp_size" in str(e)
+        return
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(b for b in bins) and len(bins) % dp == 0 and len(bins) >= target
+    assert all(sum(lengths[i] for i in b) <= capacity for b in bins)

@@ -73,6 +73,8 @@ def test_one_pack_per_microbatch_with_shapes_published():
     assert micro_batch_shapes([mb]) == {
         MICRO_BATCH_INDICES: [[[0, 1]]],
         MICRO_BATCH_LENGTHS: [[36]],
+        "micro_batch_indices": [[[0, 1]]],  # NeMo-RL's sft_worker extra-info names
+        "micro_batch_lengths": [[36]],
     }
     assert mb.model_inputs["input_ids"].shape == (1, 36) and mb.length == 36
     assert mb.source_ids == ["convA", "convB"] and mb.rows == (0,)
@@ -105,6 +107,25 @@ def test_boundary_modes():
     assert r.cu_seqlens_q.dtype == torch.int32
     with pytest.raises(ValueError, match="boundary='both' is not valid"):
         prepacked_microbatches(design_note_pack(), boundary="both")
+
+
+def test_local_packed_seq_params_carry_nemo_rls_fields(monkeypatch):
+    import energon_packing.trainer.shim as shim
+
+    monkeypatch.setattr(shim, "packed_seq_params_class", lambda: LocalPackedSeqParams)
+    padded = torch.tensor([0, 8, 36])
+    real = make_packed_seq_params(torch.tensor([0, 5, 15]), padded, boundary="real", cp_size=2)
+    # post-#4105 _prepare_prepacked (NeMo-RL data.py, code index 70877067287): q = real,
+    # padded = padded, pad_between_seqs = real != padded, total_tokens = CP-local width
+    assert real.cu_seqlens_q.tolist() == [0, 5, 15] and real.cu_seqlens_q_padded.tolist() == [
+        0,
+        8,
+        36,
+    ]
+    assert real.pad_between_seqs is True and real.total_tokens == 18
+    assert real.local_cp_size is None and real.max_seqlen_q == 28
+    same = make_packed_seq_params(torch.tensor([0, 8, 36]), padded, boundary="real")
+    assert same.pad_between_seqs is False and same.total_tokens == 36
 
 
 def test_packed_seq_params_class_is_megatron_cores_when_installed():
@@ -140,7 +161,14 @@ def test_context_parallel_slices_a_prepacked_pack():
     assert mb0.model_inputs["input_ids"].shape == mb1.model_inputs["input_ids"].shape == (1, 18)
     both = torch.cat([cp_indices(torch.tensor([0, 8, 36]), 2, r) for r in (0, 1)])
     assert sorted(both.tolist()) == list(range(36))
-    assert mb0.model_inputs["packed_seq_params"].local_cp_size == 2
+    params = mb0.model_inputs["packed_seq_params"]
+    # as NeMo-RL's consumer: local_cp_size only with a cp_group; total_tokens = CP-local width
+    assert params.local_cp_size is None and params.cp_group is None
+    assert getattr(params, "total_tokens", 18) == 18
+    (grouped,) = prepacked_microbatches(
+        design_note_pack(), cp_size=2, cp_rank=0, pad_multiple=4, cp_group="group"
+    )
+    assert grouped.model_inputs["packed_seq_params"].local_cp_size == 2
     with pytest.raises(ValueError, match="pad_multiple=1 must be a multiple of 2\\*cp_size=4"):
         prepacked_microbatches(design_note_pack(), cp_size=2, cp_rank=0)
 
@@ -173,7 +201,9 @@ def test_validation_names_key_numbers_and_sources(mutate, message):
 
 
 def test_trainer_side_pack_matches_the_design_note():
-    (mb,) = pack_microbatches(ordinary_batch(), token_budget=36, pad_multiple=4)
+    (mb,) = pack_microbatches(
+        ordinary_batch(), token_budget=36, pad_multiple=4, algorithm="concatenative"
+    )
     assert mb.model_inputs["input_ids"].shape == (1, 20)  # as wide as the batch needs
     assert mb.cu_seqlens.tolist() == [0, 5, 15]
     assert mb.cu_seqlens_padded.tolist() == [0, 8, 20]
@@ -181,9 +211,15 @@ def test_trainer_side_pack_matches_the_design_note():
     ids = mb.model_inputs["input_ids"][0]
     assert ids[:5].tolist() == [11] * 5 and ids[8:18].tolist() == [12] * 10
     (rounded,) = pack_microbatches(
-        ordinary_batch(), token_budget=36, pad_multiple=4, pack_multiple=16
+        ordinary_batch(),
+        token_budget=36,
+        pad_multiple=4,
+        pack_multiple=16,
+        algorithm="concatenative",
     )
     assert rounded.cu_seqlens_padded.tolist() == [0, 8, 32]
+    (largest_first,) = pack_microbatches(ordinary_batch(), token_budget=36, pad_multiple=4)
+    assert largest_first.rows == (1, 0)  # rows in packer order, as NeMo-RL keeps them
 
 
 def test_trainer_side_bins_by_budget_and_dp_multiple():
@@ -194,7 +230,7 @@ def test_trainer_side_bins_by_budget_and_dp_multiple():
         (0,),
     ]
     (both,) = pack_microbatches(ordinary_batch(), token_budget=36)
-    assert both.rows == (0, 1)
+    assert both.rows == (1, 0)
     split = pack_microbatches(ordinary_batch(), token_budget=36, dp_size=2)
     assert sorted(mb.rows for mb in split) == [(0,), (1,)]
     with pytest.raises(ValueError, match="2 rows cannot fill a multiple of dp_size=3 bins"):
@@ -236,3 +272,41 @@ def test_validation_counts_image_tokens_when_asked():
         PackContractError, match=r"source 0 \(img\) has 4 image-pad tokens, its images need 8"
     ):
         validate_prepacked(batch, image_pad_id=5)
+
+
+# Facts from NeMo-RL's packers (nemo_rl/data/packing/algorithms.py at 7ea279a; the outputs
+# below were produced by that code and are what our bins must reproduce).
+NEMO_RL_BINS = [
+    # FFD visits (length, index) descending: equal lengths, higher index first
+    ("first_fit_decreasing", [5, 5, 3, 3, 2, 2], 8, 1, [[1, 3], [0, 2], [5, 4]]),
+    # _adjust_bin_count: the bin with the most rows gives its last row to each new bin
+    ("concatenative", [4, 4, 4, 4], 16, 2, [[0, 1, 2], [3]]),
+    ("first_fit_decreasing", [4, 4, 4, 4], 16, 2, [[3, 2, 1], [0]]),
+    # MFFD: large bins take the largest medium that fits, then greedy fill, leftovers
+    ("modified_first_fit_decreasing", [60, 40, 30, 20, 10, 10], 100, 1, [[0, 1], [2, 3, 4, 5]]),
+    ("modified_first_fit_decreasing", [55, 52, 20, 18, 17, 5], 100, 1, [[0, 3, 5], [1, 4, 2]]),
+    (
+        "modified_first_fit_decreasing",
+        [70, 35, 34, 25, 24, 12, 11, 9],
+        100,
+        2,
+        [[0, 3], [5, 6, 7], [1, 2], [4]],
+    ),
+]
+
+
+@pytest.mark.parametrize("algorithm, lengths, capacity, dp, expected", NEMO_RL_BINS)
+def test_trainer_bins_are_nemo_rls(algorithm, lengths, capacity, dp, expected):
+    from energon_packing.packing.trainer_bins import trainer_bins
+
+    assert trainer_bins(lengths, capacity, algorithm=algorithm, dp_size=dp) == expected
+
+
+def test_pipeline_parallel_pads_every_bin_to_the_largest():
+    mbs = pack_microbatches(ordinary_batch(), token_budget=12, pad_multiple=4)
+    assert [mb.length for mb in mbs] == [12, 8]
+    padded = pack_microbatches(
+        ordinary_batch(), token_budget=12, pad_multiple=4, pad_to_largest=True
+    )
+    assert [mb.length for mb in padded] == [12, 12]
+    assert padded[1].cu_seqlens_padded.tolist() == [0, 12]  # the tail folds into the row

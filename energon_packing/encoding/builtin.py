@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from energon_packing.encoding.chat import (
+    WHOLE_MESSAGES,
     ImageRefs,
     OverlongError,
     Skip,
@@ -112,7 +113,7 @@ def encode(
         mask.extend([weight] * len(tokens))
 
     headers = {role: tokenizer.encode(role + "\n") for role in ("system", "user", "assistant")}
-    whole = config.train_on == "assistant_messages"  # header and trailing newline train too
+    whole = config.train_on in WHOLE_MESSAGES  # role header and trailing newline train too
     for t, (role, pieces) in enumerate(turns):
         trains = weight if t in trained else 0.0
         emit([special.im_start, *headers[role]], trains if whole else 0.0)

@@ -19,6 +19,7 @@ __all__ = [
     "IMAGE_PLACEHOLDER",
     "MAX_LOSS_WEIGHT",
     "ROLES",
+    "WHOLE_MESSAGES",
     "ImageRefs",
     "Limits",
     "OverlongError",
@@ -41,6 +42,8 @@ Turn = tuple[str, list[str | int]]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Characters of a value quoted in a message or a log line.
 BRIEF = 120
+#: ``train_on`` values that train whole rendered messages (role header, trailing newline too).
+WHOLE_MESSAGES = ("assistant_messages", "last_assistant_message")
 #: The largest loss weight a sample (times its subflavor's) may carry.
 MAX_LOSS_WEIGHT = 1000.0
 
@@ -229,4 +232,4 @@ def trained_turns(roles: Sequence[str], train_on: str) -> set[int]:
     trained = [t for t, role in enumerate(roles) if role == "assistant"]
     if not trained:
         raise Skip("no_assistant_turn", "no message has role 'assistant', nothing to train on")
-    return set(trained[-1:] if train_on == "last_assistant" else trained)
+    return set(trained[-1:] if train_on.startswith("last_") else trained)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from energon_packing.encoding.chat import (
+    WHOLE_MESSAGES,
     ImageRefs,
     OverlongError,
     Skip,
@@ -401,7 +402,7 @@ class ProcessorChat:
         """Character spans of the trained assistant turns in ``text`` (prefix renders)."""
         spans = []
         for k in sorted(trained):
-            whole = train_on == "assistant_messages"
+            whole = train_on in WHOLE_MESSAGES
             before = self.render(chat[:k], add_generation_prompt=not whole) if k else ""
             through = self.render(chat[: k + 1])
             if not through.startswith(before) or not text.startswith(through):

@@ -111,8 +111,8 @@ def _varlen_attention(q, k, v, params) -> torch.Tensor:
     all-gathered and every query keeps its global position."""
     if q.shape[0] != 1:
         raise ValueError("packed rows come one per microbatch (batch dimension 1)")
-    cp_size = params.local_cp_size or 1
     padded = params.cu_seqlens_q_padded
+    cp_size = int(padded[-1]) // q.shape[2]  # this rank holds 1/cp_size of the row
     if cp_size > 1:
         group = params.cp_group
         local = cp_indices(padded, cp_size, torch.distributed.get_rank(group))

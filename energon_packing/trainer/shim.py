@@ -85,6 +85,7 @@ class LocalPackedSeqParams:
     local_cp_size: int | None = None
     cp_group: Any = None
     pad_between_seqs: bool | None = None
+    total_tokens: int | None = None
 
 
 @lru_cache(maxsize=1)
@@ -106,11 +107,17 @@ def make_packed_seq_params(
     boundary: str = "padded",
     cp_size: int = 1,
     cp_group: Any = None,
+    total_tokens: int | None = None,
 ) -> Any:
-    """``PackedSeqParams(qkv_format="thd")`` for one packed row, in either boundary mode.
+    """``PackedSeqParams(qkv_format="thd")`` for one packed row, in either boundary mode, with
+    the fields NeMo-RL's prepacked consumer sets.
 
-    ``pad_between_seqs`` is set where the class has the field (newer Megatron-Core, the local
-    fallback); :attr:`Microbatch.pad_between_seqs` carries it either way.
+    ``pad_between_seqs`` and ``total_tokens`` (the CP-local width; Mamba and hybrid layers
+    build ``seq_idx`` from it) are set where the class has the fields (newer Megatron-Core, the
+    local fallback); :attr:`Microbatch.pad_between_seqs` carries the former either way.
+    ``local_cp_size`` is set only together with a ``cp_group``: without one, Megatron-LM's
+    ``resolve_cp_group`` asserts and MLA attention requires it to be None (NeMo-RL leaves both
+    unset).
     """
     if boundary not in BOUNDARY_MODES:
         raise ValueError(
@@ -130,9 +137,10 @@ def make_packed_seq_params(
         cu_seqlens_kv_padded=padded,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
-        local_cp_size=cp_size,
+        local_cp_size=cp_size if cp_group is not None else None,
         cp_group=cp_group,
         pad_between_seqs=bool(boundary == "real" and not torch.equal(cu, padded)),
+        total_tokens=int(padded[-1]) // cp_size if total_tokens is None else total_tokens,
     )
     return cls(**{k: v for k, v in values.items() if k in fields})
 
@@ -271,10 +279,15 @@ def build_microbatch(
     labels = torch.roll(ids, -1)
     loss_mask = torch.roll(token_mask, -1)  # weight of predicting token t+1 from position t
     vision = _vision_index(ids, image_token_id)
-    params = make_packed_seq_params(
-        cu, cu_padded, boundary=boundary, cp_size=cp_size, cp_group=cp_group
-    )
     keep = cp_indices(cu_padded, cp_size, cp_rank)
+    params = make_packed_seq_params(
+        cu,
+        cu_padded,
+        boundary=boundary,
+        cp_size=cp_size,
+        cp_group=cp_group,
+        total_tokens=len(keep),
+    )
     ids, labels, loss_mask = ids[keep], labels[keep], loss_mask[keep]
     positions = positions[..., keep]
     vision = vision[keep] if vision is not None else None
@@ -367,14 +380,19 @@ def prepacked_microbatches(
 
 
 def micro_batch_shapes(microbatches: list[Microbatch]) -> dict[str, list]:
-    """``MICRO_BATCH_INDICES`` / ``MICRO_BATCH_LENGTHS`` of a step's prepacked microbatches:
-    publish them beside the batch so nothing downstream re-packs it (one pack per microbatch,
-    C wide)."""
+    """The microbatch shapes of a step's prepacked microbatches, to publish beside the batch
+    so nothing downstream re-packs it (one pack per microbatch, C wide): under the design
+    note's ``MICRO_BATCH_INDICES`` / ``MICRO_BATCH_LENGTHS`` and under the lower-case names
+    NeMo-RL's SFT worker puts in its extra info."""
     if any(len(mb.rows) != 1 for mb in microbatches):
         raise ValueError("micro_batch_shapes describes prepacked microbatches (one row each)")
+    indices = [[[mb.rows[0], mb.rows[0] + 1] for mb in microbatches]]
+    lengths = [[mb.length for mb in microbatches]]
     return {
-        MICRO_BATCH_INDICES: [[[mb.rows[0], mb.rows[-1] + 1] for mb in microbatches]],
-        MICRO_BATCH_LENGTHS: [[mb.length for mb in microbatches]],
+        MICRO_BATCH_INDICES: indices,
+        MICRO_BATCH_LENGTHS: lengths,
+        MICRO_BATCH_INDICES.lower(): indices,
+        MICRO_BATCH_LENGTHS.lower(): lengths,
     }
 
 

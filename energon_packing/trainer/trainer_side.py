@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from energon_packing.packing.algorithms import DEFAULT_ALGORITHM, pack, round_up
+from energon_packing.packing.algorithms import DEFAULT_ALGORITHM, round_up
+from energon_packing.packing.trainer_bins import trainer_bins
 from energon_packing.schema import (
     IMAGE_GRID_THW,
     INPUT_IDS,
@@ -51,6 +52,8 @@ def pack_microbatches(
     pad_multiple: int = 1,
     pack_multiple: int = 1,
     pad_id: int = 0,
+    pad_to_largest: bool = False,
+    max_per_bin: int | None = None,
     boundary: str = "padded",
     cp_size: int = 1,
     cp_rank: int = 0,
@@ -63,10 +66,15 @@ def pack_microbatches(
     Args:
         batch: Ordinary padded rows (``input_ids [B, S]``, ``input_lengths``).
         token_budget: Tokens per bin.
-        algorithm: Bin packing algorithm (``energon_packing.packing.ALGORITHMS``).
-        dp_size: The bin count is made a multiple of this.
+        algorithm: Bin packing algorithm (``energon_packing.packing.ALGORITHMS``);
+            ``concatenative``, ``first_fit_decreasing`` and ``modified_first_fit_decreasing``
+            give NeMo-RL's bins exactly (:mod:`energon_packing.packing.trainer_bins`).
+        dp_size: The bin count is made a multiple of this (NeMo-RL's ``_adjust_bin_count``).
         pad_multiple: Each row padded to a multiple of this before squeezing.
         pack_multiple: The packed width is rounded up to this.
+        pad_to_largest: Every bin as wide as the widest (pipeline parallelism needs one shape
+            per step, as NeMo-RL pads for pp > 1).
+        max_per_bin: At most this many rows per bin (NeMo-RL's ``max_sequences_per_bin``).
         pad_id: The token between and after the squeezed rows (never attended by a real
             token, never trained).
         boundary, cp_size, cp_rank, cp_group, image_token_id: As for
@@ -75,13 +83,15 @@ def pack_microbatches(
     check_cp(cp_size, pad_multiple)
     if is_empty(batch):  # accounting only
         return []
-    bins = _bin_rows(batch, token_budget, algorithm, dp_size, pad_multiple)
+    padded = _padded_lengths(batch, pad_multiple)
+    bins = _bin_rows(batch, padded, token_budget, algorithm, dp_size, max_per_bin)
+    widths = [round_up(sum(padded[r] for r in rows), pack_multiple) for rows in bins]
     return [
         _squeeze(
             batch,
             rows,
+            width=max(widths) if pad_to_largest else width,
             pad_multiple=pad_multiple,
-            pack_multiple=pack_multiple,
             pad_id=pad_id,
             boundary=boundary,
             cp_size=cp_size,
@@ -89,7 +99,7 @@ def pack_microbatches(
             cp_group=cp_group,
             image_token_id=image_token_id,
         )
-        for rows in bins
+        for rows, width in zip(bins, widths)
     ]
 
 
@@ -99,10 +109,14 @@ def _padded_lengths(batch: Mapping[str, Any], pad_multiple: int) -> list[int]:
 
 
 def _bin_rows(
-    batch, token_budget: int, algorithm: str, dp_size: int, pad_multiple: int
+    batch,
+    padded: list[int],
+    token_budget: int,
+    algorithm: str,
+    dp_size: int,
+    max_per_bin: int | None,
 ) -> list[list[int]]:
-    """NeMo-RL's get_packer: rows binned by a token budget; bin count a multiple of dp_size."""
-    padded = _padded_lengths(batch, pad_multiple)
+    """Rows binned by a token budget; bin count a multiple of dp_size; packer order kept."""
     too_long = [(i, n) for i, n in enumerate(padded) if n > token_budget]
     if too_long:
         i, n = too_long[0]
@@ -110,25 +124,17 @@ def _bin_rows(
             f"row {i} ({batch[SOURCE_IDS][i] if SOURCE_IDS in batch else i}) needs {n} tokens "
             f"padded, more than token_budget={token_budget}; raise token_budget"
         )
-    bins = [sorted(b) for b in pack(padded, token_budget, algorithm=algorithm)]
-    while len(bins) % dp_size:  # split the fullest-by-count bin, as NeMo-RL's _adjust_bin_count
-        donor = max(range(len(bins)), key=lambda b: (len(bins[b]), -b))
-        if len(bins[donor]) < 2:
-            raise ValueError(
-                f"{len(padded)} rows cannot fill a multiple of dp_size={dp_size} bins; "
-                f"lower dp_size or pass more rows per batch"
-            )
-        bins.append([bins[donor].pop()])
-    return bins
+    return trainer_bins(
+        padded, token_budget, algorithm=algorithm, dp_size=dp_size, max_per_bin=max_per_bin
+    )
 
 
 def _squeeze(
-    batch, rows: list[int], *, pad_multiple: int, pack_multiple: int, pad_id: int, **common
+    batch, rows: list[int], *, width: int, pad_multiple: int, pad_id: int, **common
 ) -> Microbatch:
-    """Rows of a padded batch end to end, each padded to ``pad_multiple``; the width rounded up
-    to ``pack_multiple`` (the tail folds into the last row, as in a loader pack)."""
+    """Rows of a padded batch end to end, each padded to ``pad_multiple``, ``width`` wide (the
+    tail folds into the last row, as in a loader pack)."""
     lengths = torch.as_tensor(batch[INPUT_LENGTHS]).tolist()
-    width = round_up(sum(round_up(lengths[r], pad_multiple) for r in rows), pack_multiple)
     sources = []
     for r in rows:
         n = lengths[r]
