@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import check_batch, loader_batches, make_dataset, raw_sample, stop_workers
-from hostile import CASES, SPECIAL_ANSWER, ask, corrupt_tar_size
+from hostile import CASES, SPECIAL_ANSWER, ask, corrupt_tar_size, png_header
 
 from energon_packing import MetricsAggregator, PackingTaskEncoder
 from energon_packing.loader.energon import RestoreMismatchError
@@ -180,6 +180,8 @@ def tail_dataset(tmp_path_factory):
     )
 
 
+# 4 workers on a 2-core CI machine is the point (more streams than cores); torch's advice is not.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("workers", [0, 2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("carry", [False, True])
 def test_skips_after_the_last_pack_and_all_skipped_streams_are_reported(
@@ -262,6 +264,29 @@ def test_bounded_work_cases_are_rejected_before_tokenizing(monkeypatch):
             encode(key=key, tokenizer=tokenizer, config=te.config, **fields)
         assert info.value.reason == CASES[key][1]
     assert not [n for n in calls if n > 100], "nothing long was tokenized"
+
+
+def test_the_pixel_budget_is_ours_alone():
+    """Only max_image_pixels decides (PIL's bomb warning is not repeated); where PIL's hard
+    limit (2 * Image.MAX_IMAGE_PIXELS) refuses first, the message names both limits."""
+    import warnings
+
+    from PIL import Image
+
+    from energon_packing.encoding.images import ImageError, probe
+
+    pil_limit = Image.MAX_IMAGE_PIXELS
+    side = int((1.5 * pil_limit) ** 0.5)  # between PIL's warning and its hard limit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert probe(png_header(side, side), max_pixels=side * side) == (side, side)
+        with pytest.raises(ImageError, match=f"{side}x{side} = .* max_image_pixels=") as info:
+            probe(png_header(side, side), max_pixels=side * side - 1)
+        assert info.value.reason == "image_too_large"
+        huge = int((2.5 * pil_limit) ** 0.5)
+        with pytest.raises(ImageError, match="PIL.Image.MAX_IMAGE_PIXELS") as info:
+            probe(png_header(huge, huge), max_pixels=huge * huge)
+        assert info.value.reason == "image_too_large"
 
 
 def test_images_per_conversation_are_limited():

@@ -19,15 +19,12 @@ import numpy as np
 
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
-    ImageRefs,
     OverlongError,
     Skip,
     brief,
-    check_loss_weight,
-    parse_turns,
-    trained_turns,
+    image_sizes,
+    read_conversation,
 )
-from energon_packing.encoding.images import ImageError, probe
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
 from energon_packing.encoding.vision import grid_for, patchify, tokens_for
@@ -70,36 +67,20 @@ def encode(
     Work is linear in the conversation's size and bounded by ``config.limits`` before anything
     is tokenized; images are costed from their headers (pixel budget included).
     """
-    weight = check_loss_weight(loss_weight)
-    refs = ImageRefs(image_names, max_images=config.limits.max_images)
-    turns = parse_turns(messages, refs, limits=config.limits)
-    trained = trained_turns([role for role, _ in turns], config.train_on)
-    if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
-        raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
-    if config.special_token_text == "skip":
-        for m, (_, pieces) in enumerate(turns):
-            for piece in pieces:
-                if isinstance(piece, str) and (found := tokenizer.find_special(piece)):
-                    raise Skip(
-                        "special_token_text",
-                        f"messages[{m}] spells the special token {found!r} "
-                        f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
-                    )
-
+    c = read_conversation(
+        messages=messages,
+        image_names=image_names,
+        loss_weight=loss_weight,
+        config=config,
+        find_special=tokenizer.find_special,
+    )
     vision = config.vision
-    grids = []
-    for i in refs.order:
-        name = image_names[i]
-        if name not in images:
-            raise Skip(
-                "missing_image",
-                f"image {brief(name)} is listed but the shard has no such part",
-            )
-        try:
-            width, height = probe(images[name], max_pixels=config.max_image_pixels)
-            grids.append(grid_for(width, height, vision))
-        except ImageError as e:
-            raise Skip(e.reason, f"image {brief(name)}: {e}") from None
+    grids = [
+        grid_for(width, height, vision)
+        for width, height in image_sizes(
+            c.refs, image_names=image_names, images=images, max_pixels=config.max_image_pixels
+        )
+    ]
 
     special = tokenizer.special
     ids: list[int] = []
@@ -114,8 +95,8 @@ def encode(
 
     headers = {role: tokenizer.encode(role + "\n") for role in ("system", "user", "assistant")}
     whole = config.train_on in WHOLE_MESSAGES  # role header and trailing newline train too
-    for t, (role, pieces) in enumerate(turns):
-        trains = weight if t in trained else 0.0
+    for t, (role, pieces) in enumerate(c.turns):
+        trains = c.weight if t in c.trained else 0.0
         emit([special.im_start, *headers[role]], trains if whole else 0.0)
         for piece in pieces:
             if isinstance(piece, str):
@@ -127,7 +108,7 @@ def encode(
         emit([special.im_end], trains)
         emit(newline, trains if whole else 0.0)
     mask[0] = 0.0  # no source predicts across a pack boundary
-    encoding = Encoding(input_ids=ids, token_mask=mask, image_order=refs.order, grids=grids)
+    encoding = Encoding(input_ids=ids, token_mask=mask, image_order=c.refs.order, grids=grids)
     return _fit(encoding, key, image_ends[-1] if image_ends else 0, config)
 
 

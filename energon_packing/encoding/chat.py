@@ -9,17 +9,23 @@ style). Images are resolved against the document's ``images`` list. Every proble
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from energon_packing.encoding.images import ImageError, probe
+
+if TYPE_CHECKING:
+    from energon_packing.config import PackingConfig
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "MAX_LOSS_WEIGHT",
     "ROLES",
     "WHOLE_MESSAGES",
+    "Conversation",
     "ImageRefs",
     "Limits",
     "OverlongError",
@@ -27,7 +33,9 @@ __all__ = [
     "Turn",
     "brief",
     "check_loss_weight",
+    "image_sizes",
     "parse_turns",
+    "read_conversation",
     "trained_turns",
 ]
 
@@ -233,3 +241,66 @@ def trained_turns(roles: Sequence[str], train_on: str) -> set[int]:
     if not trained:
         raise Skip("no_assistant_turn", "no message has role 'assistant', nothing to train on")
     return set(trained[-1:] if train_on.startswith("last_") else trained)
+
+
+@dataclass(kw_only=True, slots=True)
+class Conversation:
+    """A document's checked turns: what every chat layout starts from."""
+
+    weight: float
+    refs: ImageRefs
+    turns: list[Turn]
+    #: indices into ``turns`` whose tokens train (``train_on``)
+    trained: set[int]
+
+
+def read_conversation(
+    *,
+    messages: Sequence[Any],
+    image_names: Sequence[str],
+    loss_weight: Any,
+    config: PackingConfig,
+    find_special: Callable[[str], str | None],
+) -> Conversation:
+    """The checks every layout shares, bounded by ``config.limits``, before any tokenizing:
+    loss weight, image references, turns, a trained turn with text, and (with
+    ``special_token_text="skip"``) no text spelling a special token (``find_special``)."""
+    weight = check_loss_weight(loss_weight)
+    refs = ImageRefs(image_names, max_images=config.limits.max_images)
+    turns = parse_turns(messages, refs, limits=config.limits)
+    trained = trained_turns([role for role, _ in turns], config.train_on)
+    if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
+        raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
+    if config.special_token_text == "skip":
+        for m, (_, pieces) in enumerate(turns):
+            for piece in pieces:
+                if isinstance(piece, str) and (found := find_special(piece)):
+                    raise Skip(
+                        "special_token_text",
+                        f"messages[{m}] spells the special token {found!r} "
+                        f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
+                    )
+    return Conversation(weight=weight, refs=refs, turns=turns, trained=trained)
+
+
+def image_sizes(
+    refs: ImageRefs,
+    *,
+    image_names: Sequence[str],
+    images: Mapping[str, bytes],
+    max_pixels: int | None,
+) -> list[tuple[int, int]]:
+    """``(width, height)`` of each referenced image in order of appearance, from its header
+    (nothing decoded); a missing, unreadable or over-budget image is a :class:`Skip`."""
+    sizes = []
+    for i in refs.order:
+        name = image_names[i]
+        if name not in images:
+            raise Skip(
+                "missing_image", f"image {brief(name)} is listed but the shard has no such part"
+            )
+        try:
+            sizes.append(probe(images[name], max_pixels=max_pixels))
+        except ImageError as e:
+            raise Skip(e.reason, f"image {brief(name)}: {e}") from None
+    return sizes

@@ -10,8 +10,10 @@ behaviour for bit-equality with a processor.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import warnings
 
 import numpy as np
 from PIL import Image
@@ -33,16 +35,31 @@ class ImageError(ValueError):
         self.reason = reason
 
 
+@contextlib.contextmanager
+def _open(data: bytes):
+    # Our budget (max_image_pixels) is checked from the header in probe(); PIL's own
+    # DecompressionBombWarning would only repeat it, once per image, in every worker.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(data)) as image:
+            yield image
+
+
 def probe(data: bytes, *, max_pixels: int | None = None) -> tuple[int, int]:
     """``(width, height)`` from the image header, without decoding pixels; an image over
     ``max_pixels`` pixels is :class:`ImageError` ``image_too_large`` before any decode."""
     if not data:
         raise ImageError("corrupt_image", "image file is empty (0 bytes)")
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with _open(data) as image:
             width, height = image.size
     except Image.DecompressionBombError as e:
-        raise ImageError("image_too_large", f"image refused by PIL's size guard: {e}") from None
+        # PIL refuses outright above 2 * Image.MAX_IMAGE_PIXELS, whatever our knob says.
+        raise ImageError(
+            "image_too_large",
+            f"image refused by PIL before decoding ({e}); max_image_pixels={max_pixels} "
+            f"cannot allow it unless PIL.Image.MAX_IMAGE_PIXELS is raised as well",
+        ) from None
     except Exception as e:  # PIL raises several types for bad headers
         raise ImageError(
             "corrupt_image", f"image header unreadable ({type(e).__name__}: {str(e)[:200]})"
@@ -64,7 +81,7 @@ def decode(
     """The image as an RGB PIL image (first frame of animations), within ``max_pixels``."""
     probe(data, max_pixels=max_pixels)
     try:
-        with Image.open(io.BytesIO(data)) as opened:
+        with _open(data) as opened:
             opened.seek(0)
             opened.load()
             return _to_rgb(opened, high_bit_depth)

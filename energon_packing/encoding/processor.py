@@ -43,16 +43,14 @@ import numpy as np
 
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
-    ImageRefs,
     OverlongError,
     Skip,
     Turn,
     brief,
-    check_loss_weight,
-    parse_turns,
-    trained_turns,
+    image_sizes,
+    read_conversation,
 )
-from energon_packing.encoding.images import ImageError, decode, probe
+from energon_packing.encoding.images import decode
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.packing.algorithms import round_up
 from energon_packing.schema import Source
@@ -339,38 +337,25 @@ class ProcessorChat:
         config: PackingConfig,
     ) -> ProcessorEncoding:
         """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`."""
-        weight = check_loss_weight(loss_weight)
-        refs = ImageRefs(image_names, max_images=config.limits.max_images)
-        turns = parse_turns(messages, refs, limits=config.limits)
-        trained = trained_turns([role for role, _ in turns], config.train_on)
-        if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
-            raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
-        if config.special_token_text == "skip":
-            for m, (_, pieces) in enumerate(turns):
-                for piece in pieces:
-                    if isinstance(piece, str) and (found := self.find_special(piece)):
-                        raise Skip(
-                            "special_token_text",
-                            f"messages[{m}] spells the special token {found!r} "
-                            f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
-                        )
+        c = read_conversation(
+            messages=messages,
+            image_names=image_names,
+            loss_weight=loss_weight,
+            config=config,
+            find_special=self.find_special,
+        )
+        weight, refs, turns, trained = c.weight, c.refs, c.turns, c.trained
         if refs.order and not self.has_images:
             raise Skip(
                 "unsupported_image",
                 f"{self.name} is a tokenizer: a conversation with images needs a processor",
             )
-        sizes = []
-        for i in refs.order:
-            name = image_names[i]
-            if name not in images:
-                raise Skip(
-                    "missing_image", f"image {brief(name)} is listed but the shard has no such part"
-                )
-            try:
-                width, height = probe(images[name], max_pixels=config.max_image_pixels)
-            except ImageError as e:
-                raise Skip(e.reason, f"image {brief(name)}: {e}") from None
-            sizes.append((height, width))
+        sizes = [
+            (height, width)
+            for width, height in image_sizes(
+                refs, image_names=image_names, images=images, max_pixels=config.max_image_pixels
+            )
+        ]
 
         chat = self.messages(turns)
         try:

@@ -103,6 +103,33 @@ def video_optional(cls: type) -> type:
     return _SUBCLASSES[cls]
 
 
+def _tiny_text(tokenizer: Any, **fields: Any) -> dict:
+    """A two-layer, 64-wide language model config over ``tokenizer``'s vocabulary."""
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        **fields,
+    )
+
+
+def _tiny_siglip(*, model_type: str | None = "siglip_vision_model", **fields: Any) -> dict:
+    """A one-layer, 32-wide SigLIP-style vision config (Idefics3 names no model type)."""
+    typed = {} if model_type is None else {"model_type": model_type}
+    return dict(
+        **typed,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        **fields,
+    )
+
+
 def _qwen(family: str) -> tuple[Any, Any, dict]:
     import torch
     import transformers
@@ -112,14 +139,8 @@ def _qwen(family: str) -> tuple[Any, Any, dict]:
 
     tokenizer = make_tokenizer(extra=QWEN_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
-    text = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
+    text = _tiny_text(
+        tokenizer,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
@@ -204,30 +225,16 @@ def _gemma3() -> tuple[Any, Any, dict]:
         image_seq_length=tokens_per_image,
     )
     config = Gemma3Config(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
+        text_config=_tiny_text(
+            tokenizer,
             head_dim=16,
             query_pre_attn_scalar=16,
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"],
-            pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
         ),
-        vision_config=dict(
-            model_type="siglip_vision_model",
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=side,
-            patch_size=patch,
-        ),
+        vision_config=_tiny_siglip(image_size=side, patch_size=patch),
         mm_tokens_per_image=tokens_per_image,
         boi_token_index=tokenizer.boi_token_id,
         eoi_token_index=tokenizer.eoi_token_id,
@@ -272,24 +279,8 @@ def _idefics3() -> tuple[Any, Any, dict]:
         chat_template=IDEFICS3_TEMPLATE,
     )
     config = Idefics3Config(
-        text_config=dict(
-            model_type="llama",
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            pad_token_id=tokenizer.pad_token_id,
-        ),
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=tile,
-            patch_size=patch,
-        ),
+        text_config=_tiny_text(tokenizer, model_type="llama"),
+        vision_config=_tiny_siglip(model_type=None, image_size=tile, patch_size=patch),
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
@@ -328,25 +319,8 @@ def _llava_onevision() -> tuple[Any, Any, dict]:
         vision_aspect_ratio="anyres_max_9",
     )
     config = LlavaOnevisionConfig(
-        text_config=dict(
-            model_type="qwen2",
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            pad_token_id=tokenizer.pad_token_id,
-        ),
-        vision_config=dict(
-            model_type="siglip_vision_model",
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=side,
-            patch_size=patch,
-        ),
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        vision_config=_tiny_siglip(image_size=side, patch_size=patch),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
         vision_feature_select_strategy="full",
