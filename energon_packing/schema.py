@@ -33,7 +33,6 @@ __all__ = [
     "IMAGE_SOURCE_INDEX",
     "INPUT_IDS",
     "INPUT_LENGTHS",
-    "JAGGED_KEYS",
     "PACKING_METRICS",
     "PACKING_SKIPPED",
     "PADDING_MASK",
@@ -54,7 +53,6 @@ __all__ = [
     "layout",
     "model_fields",
     "pack_from_batch",
-    "round_up",
 ]
 
 # ---- batch keys --------------------------------------------------------------------------------
@@ -76,8 +74,6 @@ RESTORE_KEY = "__restore_key__"  # Energon's restore key (loader.restore_sample)
 
 #: Stacked along the batch dimension (``position_ids`` along dim -2).
 ROW_KEYS = (INPUT_IDS, TOKEN_MASK, POSITION_IDS, PADDING_MASK)
-#: One entry per pack: its boundaries, its keys, its images.
-JAGGED_KEYS = (CU_SEQLENS, CU_SEQLENS_PADDED, SOURCE_IDS, IMAGE_SOURCE_INDEX)
 BOUNDARY_KEYS = (CU_SEQLENS, CU_SEQLENS_PADDED)
 #: Keys that describe the batch, not the model's input: never forwarded to the model.
 BOOKKEEPING_KEYS = frozenset(

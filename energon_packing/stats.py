@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["KEYS_PER_REASON", "REASONS", "MetricsAggregator", "PackingStats"]
+__all__ = ["KEYS_PER_REASON", "REASONS", "MetricsAggregator", "PackingStats", "metrics_list"]
 
 logger = logging.getLogger("energon_packing")
 
@@ -60,6 +61,14 @@ REASONS = {
 KEYS_PER_REASON = 32
 #: Characters of a key or a detail in a log line: a run's log stays small whatever data holds.
 LOGGED_CHARS = 300
+
+
+def metrics_list(metrics: Any) -> list[dict]:
+    """A batch's ``packing_metrics`` as a list: a worker's dict, or the list ``align_ranks``
+    forwards when it passes accounting-only batches by."""
+    if not metrics:
+        return []
+    return list(metrics) if isinstance(metrics, list) else [metrics]
 
 
 def _cut(text: str) -> str:
@@ -184,8 +193,7 @@ class MetricsAggregator:
     def update(self, batch: dict) -> dict[str, float]:
         """Takes one batch's accounting (``packing_metrics`` is a worker's dict, or a list of
         them when ``align_ranks`` forwards the accounting of batches it passed by)."""
-        latest = batch.get("packing_metrics")
-        for worker in latest if isinstance(latest, list) else [latest] if latest else []:
+        for worker in metrics_list(batch.get("packing_metrics")):
             self._latest[int(worker["packing/worker"])] = worker
         self.skipped.extend(tuple(event) for event in batch.get("packing_skipped", ()))
         return self.metrics()

@@ -142,6 +142,10 @@ def test_lower_bound():
         ),
         (lambda: list(pack_stream([1, 2, 99], 10, buffer_size=2)), r"lengths\[2\] = 99 exceeds"),
         (lambda: list(pack_stream([1], 10, buffer_size=0)), r"buffer_size must be an integer"),
+        (  # checked before the first sample, so also on an empty stream
+            lambda: list(pack_stream([], 10, buffer_size=4, delta=3)),
+            r"delta=3 only applies to balanced_greedy_knapsack",
+        ),
         (lambda: CarryPolicy(budget=1.0), r"budget must be within \[0, 1\), got 1.0"),
         (lambda: CarryPolicy(max_carries=-1), r"max_carries must be an integer >= 0"),
         (lambda: CarryPolicy(min_fill=2), r"min_fill must be within \[0, 1\]"),

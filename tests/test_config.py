@@ -171,7 +171,7 @@ def observe(**knobs):
         groups, carried = te.select_samples_to_pack(encoded), []
     packs = [te.pack_selected_samples(group).pack for group in groups]
     return (
-        [(e.__key__, e.cost, e.token_mask.tolist(), e.image_grids) for e in encoded],
+        [(e.__key__, e.cost, e.token_mask.tolist()) for e in encoded],
         [[s.__key__ for s in g] for g in groups],
         carried,
         [
@@ -180,6 +180,7 @@ def observe(**knobs):
                 p.position_ids.shape,
                 p.cu_seqlens_padded.tolist(),
                 round(float(p.media["pixel_values"].sum()), 3),
+                p.media["image_grid_thw"].tolist(),
             )
             for p in packs
         ],

@@ -321,3 +321,107 @@ def test_bad_input_on_a_processor_path(caplog):
         PackingTaskEncoder(max_input_seq_length=64, processor=bare)
     with pytest.raises(ValueError, match="not both"):
         PackingTaskEncoder(max_input_seq_length=64, processor=qwen, tokenizer="bundled")
+
+
+def test_the_overlong_policy_on_a_processor_path(caplog):
+    """truncate cuts to the pack width and never an image; an image past the width is
+    overlong_media naming where it ends; drop and error as on the built-in path."""
+    import logging
+
+    from megatron.energon.errors import SkipSample
+
+    from energon_packing.loader.task_encoder import PackingError
+
+    caplog.set_level(logging.WARNING, logger="energon_packing")
+    qwen, _, _ = build("qwen2_vl")
+    image_id = qwen.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    long_text = " ".join(f"word{i}" for i in range(400))
+
+    def sample(key, user):
+        document = {
+            "messages": [
+                {"role": "user", "content": user},
+                {"role": "assistant", "content": long_text},
+            ],
+            "images": ["a.png"],
+        }
+        fields = load_conversation(raw_sample(key, document, {"a.png": _png(112, 112)}))
+        return ConversationSample(__key__=key, __restore_key__=(), **fields)
+
+    full = PackingTaskEncoder(max_input_seq_length=1 << 14, processor=qwen)
+    first = full.encode_sample(sample("first", "<image>Describe."))
+    ids = first.input_ids.tolist()
+    images = ids.count(image_id)
+    image_end = len(ids) - ids[::-1].index(image_id)
+    capacity = 256
+    assert image_end < capacity < len(ids) and images > 0
+
+    te = PackingTaskEncoder(max_input_seq_length=capacity, processor=qwen, overlong="truncate")
+    cut = te.encode_sample(sample("first", "<image>Describe."))
+    assert cut.input_ids.tolist() == ids[:capacity]
+    assert cut.token_mask.tolist() == first.token_mask.tolist()[:capacity]
+    last = full.encode_sample(sample("last", long_text + "<image>"))
+    last_ids = last.input_ids.tolist()
+    last_end = len(last_ids) - last_ids[::-1].index(image_id)
+    with pytest.raises(SkipSample):
+        te.encode_sample(sample("last", long_text + "<image>"))
+    assert te.stats.skipped["overlong_media"] == 1
+    assert f"its images end at token {last_end} and images are never cut" in caplog.text
+
+    dropping = PackingTaskEncoder(max_input_seq_length=capacity, processor=qwen, overlong="drop")
+    with pytest.raises(SkipSample):
+        dropping.encode_sample(sample("first", "<image>Describe."))
+    assert dropping.stats.skipped["overlong"] == 1
+    strict = PackingTaskEncoder(max_input_seq_length=capacity, processor=qwen, overlong="error")
+    with pytest.raises(PackingError, match=f"sample 'first': {len(ids)} tokens .*overlong="):
+        strict.encode_sample(sample("first", "<image>Describe."))
+
+
+def test_a_tokenizer_only_model_through_its_chat_template(caplog):
+    """A tokenizer with a chat template is a text-only processor: each conversation in a pack
+    is exactly the tokenizer's own ids of its rendered template; an image is a named skip."""
+    import logging
+
+    from megatron.energon.errors import SkipSample
+
+    from energon_packing.testing.families import make_tokenizer
+    from energon_packing.testing.templates import QWEN2_VL_TEMPLATE
+
+    caplog.set_level(logging.WARNING, logger="energon_packing")
+    tokenizer = make_tokenizer(pad="<|endoftext|>")
+    tokenizer.chat_template = QWEN2_VL_TEMPLATE
+    te = PackingTaskEncoder(max_input_seq_length=512, processor=tokenizer)
+    documents = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Question {i}?"},
+                {"role": "assistant", "content": f"Answer {i}."},
+            ]
+        }
+        for i in range(3)
+    ]
+
+    def sample(key, document, images=None):
+        fields = load_conversation(raw_sample(key, document, images))
+        return ConversationSample(__key__=key, __restore_key__=(), **fields)
+
+    encoded = [te.encode_sample(sample(f"t{i}", d)) for i, d in enumerate(documents)]
+    batch = te.batch([te.pack_selected_samples(encoded)])
+    cu = batch["cu_seqlens"][0].tolist()
+    for k, document in enumerate(documents):
+        text = tokenizer.apply_chat_template(document["messages"], tokenize=False)
+        expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert batch["input_ids"][0][cu[k] : cu[k + 1]].tolist() == expected
+    assert not any(key in batch for key in ("pixel_values", "image_grid_thw"))
+
+    pictured = {
+        "messages": [
+            {"role": "user", "content": "<image>What is it?"},
+            {"role": "assistant", "content": "A square."},
+        ],
+        "images": ["a.png"],
+    }
+    with pytest.raises(SkipSample):
+        te.encode_sample(sample("pictured", pictured, {"a.png": _png(32, 32)}))
+    assert te.stats.skipped["unsupported_image"] == 1
+    assert "is a tokenizer: a conversation with images needs a processor" in caplog.text

@@ -19,16 +19,13 @@ import numpy as np
 
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
-    OverlongError,
-    Skip,
-    brief,
+    fit_to_capacity,
     image_sizes,
     read_conversation,
 )
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
 from energon_packing.encoding.vision import grid_for, patchify, tokens_for
-from energon_packing.packing.algorithms import round_up
 from energon_packing.schema import IMAGE_GRID_THW, PIXEL_VALUES, Source
 
 if TYPE_CHECKING:
@@ -85,61 +82,30 @@ def encode(
     special = tokenizer.special
     ids: list[int] = []
     mask: list[float] = []
-    image_ends: list[int] = []
-    newline = tokenizer.encode("\n")
+    media_end = 0  # the token after the last image
+    newline = tokenizer.encode_fixed("\n")
     grid_iter = iter(grids)
 
-    def emit(tokens: list[int], weight: float) -> None:
+    def emit(tokens: Sequence[int], weight: float) -> None:
         ids.extend(tokens)
         mask.extend([weight] * len(tokens))
 
-    headers = {role: tokenizer.encode(role + "\n") for role in ("system", "user", "assistant")}
     whole = config.train_on in WHOLE_MESSAGES  # role header and trailing newline train too
     for t, (role, pieces) in enumerate(c.turns):
         trains = c.weight if t in c.trained else 0.0
-        emit([special.im_start, *headers[role]], trains if whole else 0.0)
+        emit([special.im_start, *tokenizer.encode_fixed(role + "\n")], trains if whole else 0.0)
         for piece in pieces:
             if isinstance(piece, str):
                 emit(tokenizer.encode(piece), trains)  # plain text: never a special id
             else:  # images are context, never trained
                 pads = [special.image_pad] * tokens_for(next(grid_iter), vision)
                 emit([special.vision_start, *pads, special.vision_end], 0.0)
-                image_ends.append(len(ids))
+                media_end = len(ids)
         emit([special.im_end], trains)
         emit(newline, trains if whole else 0.0)
     mask[0] = 0.0  # no source predicts across a pack boundary
     encoding = Encoding(input_ids=ids, token_mask=mask, image_order=c.refs.order, grids=grids)
-    return _fit(encoding, key, image_ends[-1] if image_ends else 0, config)
-
-
-def _fit(encoding: Encoding, key: str, media_end: int, config: PackingConfig) -> Encoding:
-    """Applies the overlong policy; the packing cost is computed on the result."""
-    capacity, multiple = config.max_input_seq_length, config.pad_multiple
-    length = encoding.length
-    cost = round_up(length, multiple)
-    if cost <= capacity:
-        return encoding
-    what = f"{length} tokens ({cost} padded to pad_multiple={multiple}) > max_input_seq_length={capacity}"
-    if config.overlong == "error":
-        raise OverlongError(
-            f"sample {brief(key)}: {what}. Set overlong='truncate' or 'drop', or raise "
-            f"max_input_seq_length"
-        )
-    if config.overlong == "drop":
-        raise Skip("overlong", what)
-    if media_end > capacity:
-        raise Skip(
-            "overlong_media",
-            f"{what}; its images end at token {media_end} and images are never cut",
-        )
-    if not any(w > 0 for w in encoding.token_mask[:capacity]):
-        raise Skip(
-            "overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing"
-        )
-    encoding.truncated = length - capacity
-    del encoding.input_ids[capacity:]
-    del encoding.token_mask[capacity:]
-    return encoding
+    return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
 
 
 class BuiltinChat:
@@ -188,10 +154,11 @@ class BuiltinChat:
             ImageError: an image does not decode (a data skip).
             ValueError: the tokens do not match the images (a bug: it would corrupt its pack).
         """
+        vision = config.vision  # built and validated on each access: once per conversation
         decoded = [
             patchify(
                 data,
-                config.vision,
+                vision,
                 max_pixels=config.max_image_pixels,
                 high_bit_depth=config.high_bit_depth,
             )
@@ -201,7 +168,7 @@ class BuiltinChat:
         special, ids = self.tokenizer.special, np.asarray(input_ids)
         starts = int((ids == special.vision_start).sum())
         pads = int((ids == special.image_pad).sum())
-        need = sum(tokens_for(g, config.vision) for g in grids)
+        need = sum(tokens_for(g, vision) for g in grids)
         if starts != len(grids) or pads != need:
             raise ValueError(
                 f"{starts} vision-start and {pads} image-pad tokens for {len(grids)} image(s) "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from energon_packing.encoding.images import ImageError, probe
+from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
@@ -33,6 +34,7 @@ __all__ = [
     "Turn",
     "brief",
     "check_loss_weight",
+    "fit_to_capacity",
     "image_sizes",
     "parse_turns",
     "read_conversation",
@@ -266,8 +268,9 @@ def read_conversation(
     loss weight, image references, turns, a trained turn with text, and (with
     ``special_token_text="skip"``) no text spelling a special token (``find_special``)."""
     weight = check_loss_weight(loss_weight)
-    refs = ImageRefs(image_names, max_images=config.limits.max_images)
-    turns = parse_turns(messages, refs, limits=config.limits)
+    limits = config.limits  # built on each access
+    refs = ImageRefs(image_names, max_images=limits.max_images)
+    turns = parse_turns(messages, refs, limits=limits)
     trained = trained_turns([role for role, _ in turns], config.train_on)
     if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
         raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
@@ -304,3 +307,41 @@ def image_sizes(
         except ImageError as e:
             raise Skip(e.reason, f"image {brief(name)}: {e}") from None
     return sizes
+
+
+def fit_to_capacity(
+    encoding: Any, *, key: str, media_end: Callable[[], int], config: PackingConfig
+) -> Any:
+    """Applies the ``overlong`` policy to an encoding (``input_ids``, ``token_mask``,
+    ``truncated``); the packing cost is computed on the result. Truncation cuts in place and
+    never cuts an image: ``media_end()`` (asked only when cutting) is the token its images end
+    at."""
+    capacity, multiple = config.max_input_seq_length, config.pad_multiple
+    length = len(encoding.input_ids)
+    cost = round_up(length, multiple)
+    if cost <= capacity:
+        return encoding
+    what = (
+        f"{length} tokens ({cost} padded to pad_multiple={multiple}) > "
+        f"max_input_seq_length={capacity}"
+    )
+    if config.overlong == "error":
+        raise OverlongError(
+            f"sample {brief(key)}: {what}. Set overlong='truncate' or 'drop', or raise "
+            f"max_input_seq_length"
+        )
+    if config.overlong == "drop":
+        raise Skip("overlong", what)
+    if (end := media_end()) > capacity:
+        raise Skip(
+            "overlong_media",
+            f"{what}; its images end at token {end} and images are never cut",
+        )
+    if not any(w > 0 for w in encoding.token_mask[:capacity]):
+        raise Skip(
+            "overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing"
+        )
+    encoding.truncated = length - capacity
+    del encoding.input_ids[capacity:]
+    del encoding.token_mask[capacity:]
+    return encoding

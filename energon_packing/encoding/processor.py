@@ -43,16 +43,15 @@ import numpy as np
 
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
-    OverlongError,
     Skip,
     Turn,
     brief,
+    fit_to_capacity,
     image_sizes,
     read_conversation,
 )
 from energon_packing.encoding.images import decode
 from energon_packing.encoding.positions import MRope, mrope_positions
-from energon_packing.packing.algorithms import round_up
 from energon_packing.schema import Source
 
 if TYPE_CHECKING:
@@ -217,7 +216,6 @@ class ProcessorEncoding:
     token_mask: list[float]
     text: str  # the rendered (escaped) template text the processor runs on at pack time
     image_order: list[int] = field(default_factory=list)
-    sizes: list[tuple[int, int]] = field(default_factory=list)  # (height, width) per image
     truncated: int = 0
 
     @property
@@ -377,9 +375,9 @@ class ProcessorChat:
         if mask:
             mask[0] = 0.0  # no source predicts across a pack boundary
         encoding = ProcessorEncoding(
-            input_ids=ids, token_mask=mask, text=text, image_order=refs.order, sizes=sizes
+            input_ids=ids, token_mask=mask, text=text, image_order=refs.order
         )
-        return self._fit(encoding, key, config)
+        return fit_to_capacity(encoding, key=key, media_end=self._media_end(ids), config=config)
 
     def _spans(
         self, chat: list[dict], text: str, trained: set[int], train_on: str
@@ -462,36 +460,10 @@ class ProcessorChat:
                     mask[i] = weight
         return mask
 
-    def _fit(
-        self, encoding: ProcessorEncoding, key: str, config: PackingConfig
-    ) -> ProcessorEncoding:
-        capacity, multiple = config.max_input_seq_length, config.pad_multiple
-        length = encoding.length
-        cost = round_up(length, multiple)
-        if cost <= capacity:
-            return encoding
-        what = (
-            f"{length} tokens ({cost} padded to pad_multiple={multiple}) > "
-            f"max_input_seq_length={capacity}"
-        )
-        if config.overlong == "error":
-            raise OverlongError(
-                f"sample {brief(key)}: {what}. Set overlong='truncate' or 'drop', or raise "
-                f"max_input_seq_length"
-            )
-        if config.overlong == "drop":
-            raise Skip("overlong", what)
-        media = [i for i, t in enumerate(encoding.input_ids) if t == self.image_token_id]
-        if media and media[-1] >= capacity:
-            raise Skip("overlong_media", f"{what}; its images end at token {media[-1] + 1}")
-        if not any(w > 0 for w in encoding.token_mask[:capacity]):
-            raise Skip(
-                "overlong_no_trained_token", f"{what}; the first {capacity} tokens train nothing"
-            )
-        encoding.truncated = length - capacity
-        del encoding.input_ids[capacity:]
-        del encoding.token_mask[capacity:]
-        return encoding
+    def _media_end(self, ids: list[int]) -> Callable[[], int]:
+        """The token after the last image token, counted only when asked (when cutting)."""
+        image = self.image_token_id
+        return lambda: next((len(ids) - i for i, t in enumerate(reversed(ids)) if t == image), 0)
 
     # ---- pack time: pixels --------------------------------------------------------------------
 
@@ -525,13 +497,7 @@ class ProcessorChat:
         )
         if decoded:
             call["images"] = [decoded]
-        outputs = dict(
-            self.processor(**call)
-            if self.has_images
-            else self.tokenizer(
-                text, add_special_tokens=self.add_special_tokens(text), return_tensors="np"
-            )
-        )
+        outputs = dict((self.processor if self.has_images else self.tokenizer)(**call))
         real = np.asarray(outputs.pop("input_ids")).reshape(-1)
         n = len(input_ids)
         if len(real) < n or not np.array_equal(real[:n], input_ids):

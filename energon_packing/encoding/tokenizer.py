@@ -60,6 +60,7 @@ class ChatTokenizer:
         self.name, self._inner = _resolve(tokenizer)
         self._is_hf = not _is_tokenizers_object(self._inner)
         self._setup_text()
+        self._fixed: dict[str, tuple[int, ...]] = {}
         pad = getattr(self._inner, "pad_token_id", None) if self._is_hf else None
         self.special = SpecialIds(
             pad=pad if isinstance(pad, int) else self.id_of(pad_token),
@@ -90,8 +91,7 @@ class ChatTokenizer:
 
             self._text = Tokenizer.from_str(self._inner.to_str())  # the user's object untouched
             self._text.encode_special_tokens = True
-        specials = {token.content: i for i, token in added.items() if token.special}
-        self.special_ids = frozenset(specials.values())
+        specials = [token.content for token in added.values() if token.special]
         ordered = sorted(specials, key=len, reverse=True)  # longest first: no prefix wins early
         self._special_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
@@ -104,6 +104,14 @@ class ChatTokenizer:
         else:
             ids = self._text.encode(text, add_special_tokens=False).ids
         return list(ids)
+
+    def encode_fixed(self, text: str) -> tuple[int, ...]:
+        """:meth:`encode` of a string the chat layout repeats in every conversation (role
+        headers, the newline after a turn), tokenized once."""
+        ids = self._fixed.get(text)
+        if ids is None:
+            ids = self._fixed[text] = tuple(self.encode(text))
+        return ids
 
     def find_special(self, text: str) -> str | None:
         """The first special token ``text`` spells, or None."""

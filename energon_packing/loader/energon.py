@@ -240,12 +240,12 @@ class RestoreMismatchError(ValueError):
     """A checkpoint restored into settings that change what is packed."""
 
 
-def compare_settings(saved: dict, current: dict, *, where: str = "checkpoint") -> None:
+def compare_settings(saved: dict, current: dict) -> None:
     """Raises :class:`RestoreMismatchError` naming the first setting whose value changed."""
     for name in current:
         if name in saved and saved[name] != current[name]:
             raise RestoreMismatchError(
-                f"the {where} was saved with {name}={saved[name]!r}, this loader has "
+                f"the checkpoint was saved with {name}={saved[name]!r}, this loader has "
                 f"{name}={current[name]!r}: packs depend on it, so the run would continue with "
                 f"other packs than it started with. Restore with {name}={saved[name]!r}, or "
                 f"start without restoring"

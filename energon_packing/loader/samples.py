@@ -71,7 +71,6 @@ class EncodedConversation(Sample):
     input_ids: np.ndarray  # int64 [length]
     token_mask: np.ndarray  # float32 [length]
     images: list  # compressed bytes, in order of appearance
-    image_grids: list  # (t, h, w) per image (built-in), (height, width) (processor path)
     length: int  # real tokens
     cost: int  # length padded to pad_multiple: what the packer packs
     text: str = ""  # processor path: the rendered template text the processor runs on

@@ -196,7 +196,6 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
             token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
-            image_grids=getattr(encoding, "grids", None) or getattr(encoding, "sizes", []),
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
             text=getattr(encoding, "text", ""),
@@ -307,9 +306,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         Each conversation is decoded and checked on its own: one that fails costs only itself
         (skipped with its reason), never its pack-mates.
         """
-        sources = [source for sample in samples if (source := self._source(sample)) is not None]
-        if not sources:
-            raise SkipSample()
+        sources = self._sources(samples)
         config = self.config
         try:
             pack = layout(
@@ -359,6 +356,13 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     # ---- helpers --------------------------------------------------------------------------
 
+    def _sources(self, samples: list[EncodedConversation]) -> list[Source]:
+        """The samples that survive :meth:`_source`, in order; none left is Energon's skip."""
+        sources = [source for sample in samples if (source := self._source(sample)) is not None]
+        if not sources:
+            raise SkipSample()
+        return sources
+
     def _source(self, sample: EncodedConversation) -> Source | None:
         """One conversation with its decoded images, checked and ready for :func:`layout`;
         ``None`` (and a skip in the report) if an image does not decode or the conversation
@@ -389,9 +393,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     def _rows(self, samples: list[EncodedConversation]) -> list[Pack]:
         """One padded row per conversation, all as wide as the longest (rounded up)."""
-        sources = [source for sample in samples if (source := self._source(sample)) is not None]
-        if not sources:
-            raise SkipSample()
+        sources = self._sources(samples)
         multiple = self.config.pad_multiple
         width = round_up(max(len(s.input_ids) for s in sources), multiple)
         return [

@@ -35,6 +35,7 @@ from energon_packing.schema import (
     is_empty,
     model_fields,
 )
+from energon_packing.trainer.shim import MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS
 
 __all__ = [
     "NEMO_RL_MICRO_BATCH_INDICES",
@@ -46,8 +47,8 @@ __all__ = [
 ]
 
 #: The names NeMo-RL's SFT worker publishes the microbatch shapes under (its extra info).
-NEMO_RL_MICRO_BATCH_INDICES = "micro_batch_indices"
-NEMO_RL_MICRO_BATCH_LENGTHS = "micro_batch_lengths"
+NEMO_RL_MICRO_BATCH_INDICES = MICRO_BATCH_INDICES.lower()  # "micro_batch_indices"
+NEMO_RL_MICRO_BATCH_LENGTHS = MICRO_BATCH_LENGTHS.lower()
 #: What NeMo-RL's prepacked producer emits per row (plus media and token fields).
 _ROW_KEYS = (INPUT_IDS, INPUT_LENGTHS, TOKEN_MASK, SAMPLE_MASK)
 

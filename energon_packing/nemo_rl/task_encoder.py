@@ -32,6 +32,7 @@ accounting-only batch would reach NeMo-RL's loop, which takes every batch as a s
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from megatron.energon import stateless
@@ -152,9 +153,7 @@ class NemoRLTaskEncoder(PackingTaskEncoder):
         """NeMo-RL takes every batch as a step: leftover skips are logged instead."""
         events = self.stats.drain()
         if events:
-            reasons: dict[str, int] = {}
-            for _, reason in events:
-                reasons[reason] = reasons.get(reason, 0) + 1
+            reasons = Counter(reason for _, reason in events)
             logger.warning(
                 "%d sample(s) skipped after this worker's last pack (%s); counted in the "
                 "worker's PackingTaskEncoder.stats",

@@ -317,9 +317,7 @@ def pack_stream(
         or balance_window < 0
     ):
         raise ValueError(f"balance_window must be an integer >= 0, got {balance_window!r}")
-    check_lengths([], capacity)
-    check_algorithm(algorithm)
-    _check_max_per_pack(max_per_pack)
+    _check_call([], capacity, algorithm, max_per_pack, delta)  # lengths are checked as read
     policy = CarryPolicy() if carry is True else (carry or None)
     sizes: list[int] = []  # by stream position
 

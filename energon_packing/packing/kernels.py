@@ -23,6 +23,7 @@ __all__ = [
     "balanced_greedy_knapsack",
     "best_fit_decreasing",
     "concatenative",
+    "first_fit",
     "first_fit_decreasing",
     "first_fit_shuffle",
     "greedy_knapsack",
@@ -117,7 +118,7 @@ def concatenative(lengths: Sequence[int], capacity: int, max_per_pack: int | Non
     return groups
 
 
-def _first_fit(
+def first_fit(
     order: Sequence[int], lengths: Sequence[int], capacity: int, max_per_pack: int | None
 ) -> Groups:
     """First fit in the given item order.
@@ -158,7 +159,7 @@ def _first_fit(
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int, max_per_pack: int | None) -> Groups:
-    return _first_fit(_decreasing(lengths), lengths, capacity, max_per_pack)
+    return first_fit(_decreasing(lengths), lengths, capacity, max_per_pack)
 
 
 def first_fit_shuffle(
@@ -166,7 +167,7 @@ def first_fit_shuffle(
 ) -> Groups:
     order = list(range(len(lengths)))
     random.Random(seed).shuffle(order)
-    return _first_fit(order, lengths, capacity, max_per_pack)
+    return first_fit(order, lengths, capacity, max_per_pack)
 
 
 def _greedy_from_bag(bag: SizeBag, capacity: int, max_per_pack: int | None) -> Groups:
@@ -215,7 +216,9 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int, max_per_pack: int
 def modified_first_fit_decreasing(
     lengths: Sequence[int], capacity: int, max_per_pack: int | None
 ) -> Groups:
-    """Johnson & Garey (1985) MFFD, the NeMo-RL trainer default.
+    """Johnson & Garey (1985) MFFD, fast (size bags) for the loader's buffers. The algorithm
+    NeMo-RL's trainer defaults to; its exact bins (ties, leftovers) are
+    :func:`energon_packing.packing.trainer_bins.trainer_bins`'s.
 
     Classes: large (C/2, C], medium (C/3, C/2], small (C/6, C/3], tiny (0, C/6].
     1. one pack per large item, largest first;

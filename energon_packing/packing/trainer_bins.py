@@ -26,6 +26,7 @@ import bisect
 from collections.abc import Sequence
 
 from energon_packing.packing.algorithms import check_lengths, pack
+from energon_packing.packing.kernels import first_fit
 
 __all__ = ["NEMO_RL_PACKERS", "adjust_bin_count", "trainer_bins"]
 
@@ -46,29 +47,13 @@ def trainer_bins(
     if algorithm == "first_fit_decreasing" or (
         algorithm == "modified_first_fit_decreasing" and max_per_bin is not None
     ):  # NeMo-RL's MFFD hands a capped batch to FFD
-        bins = _first_fit_decreasing(lengths, capacity, max_per_bin)
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i), reverse=True)
+        bins = first_fit(order, lengths, capacity, max_per_bin)
     elif algorithm == "modified_first_fit_decreasing":
         bins = _modified_first_fit_decreasing(lengths, capacity)
     else:  # concatenative equals the kernel; the rest are this package's own
         bins = pack(lengths, capacity, algorithm=algorithm, max_per_pack=max_per_bin)
     return adjust_bin_count(bins, dp_size)
-
-
-def _first_fit_decreasing(
-    lengths: list[int], capacity: int, max_per_bin: int | None
-) -> list[list[int]]:
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i), reverse=True):
-        for b, room in enumerate(free):
-            if room >= lengths[i] and (max_per_bin is None or len(bins[b]) < max_per_bin):
-                bins[b].append(i)
-                free[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            free.append(capacity - lengths[i])
-    return bins
 
 
 def _modified_first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:

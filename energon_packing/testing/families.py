@@ -148,20 +148,14 @@ def _qwen(family: str) -> tuple[Any, Any, dict]:
     vision = dict(spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
     patch, template = 14, QWEN2_VL_TEMPLATE
     image_processor = dict(min_pixels=56 * 56, max_pixels=224 * 224)
+    # Qwen2.5-VL and Qwen3-VL share the vision tower's shape (Qwen2-VL names its fields apart)
+    tower = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     if family == "qwen2_vl":
         names = ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
         vision.update(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
     elif family == "qwen2_5_vl":
         names = ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
-        vision.update(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            window_size=56,
-            fullatt_block_indexes=[1],
-        )
+        vision.update(tower, window_size=56, fullatt_block_indexes=[1])
     else:  # qwen3_vl: patch 16, mean/std 0.5, interleaved mRoPE, deepstack
         names = ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
         patch, template = 16, QWEN3_VL_TEMPLATE
@@ -172,15 +166,7 @@ def _qwen(family: str) -> tuple[Any, Any, dict]:
             head_dim=16, rope_parameters={**text["rope_parameters"], "mrope_interleaved": True}
         )
         text["rope_parameters"]["rope_theta"] = 5000000.0
-        vision.update(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            num_position_embeddings=64,
-            deepstack_visual_indexes=[0],
-        )
+        vision.update(tower, num_position_embeddings=64, deepstack_visual_indexes=[0])
     config_cls, model_cls, processor_cls = (getattr(transformers, n) for n in names)
     config = config_cls(
         text_config=text,

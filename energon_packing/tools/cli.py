@@ -91,7 +91,6 @@ def demo(
     _quiet()
     if data is None:
         raise click.UsageError("no bundled sample_data next to this install; pass --data PATH")
-    from energon_packing import PackingTaskEncoder
     from energon_packing.packing import lower_bound
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import (
@@ -104,17 +103,18 @@ def demo(
         recommend,
     )
 
-    knobs = dict(max_input_seq_length=capacity, pad_multiple=8, carry=True)
-    if processor is not None:  # the family's own template, image tokens and pixels
-        knobs["processor"] = str(processor)
-    else:
-        knobs["tokenizer"] = "bundled"
-    te = PackingTaskEncoder(**knobs)
+    # processor: the family's own template, image tokens and pixels
+    knobs = dict(capacity=capacity, pad_multiple=8, max_pixels=None, overlong="drop")
+    te = _encoder(tokenizer="bundled", processor=processor, carry=True, **knobs)
     start = time.perf_counter()
     batches = list(epoch(data, te, packing_buffer_size=buffer))
     seconds = time.perf_counter() - start
     stats = te.stats
-    measured = measure_costs(data, PackingTaskEncoder(**knobs), progress=False)
+    measured = measure_costs(
+        data,
+        _encoder(tokenizer="bundled", processor=processor, carry=True, **knobs),
+        progress=False,
+    )
     bound = lower_bound(measured.costs, capacity)
     sizes = [len(b["source_ids"][0]) for b in batches]
     click.echo(f"energon-packing demo: {data}" + (f" through {te.chat!r}" if processor else ""))

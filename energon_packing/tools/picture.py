@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from energon_packing.schema import IMAGE_GRID_THW, pack_from_batch
+
 __all__ = ["Layout", "Segment", "describe", "draw", "pack_segments"]
 
 
@@ -45,17 +47,17 @@ def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
 def pack_segments(batch: dict, row: int, *, image_pad_id: int | None) -> Layout:
     """The segments of pack ``row`` of a prepacked batch (image grids where the family has
     them: Qwen2-VL's ``image_grid_thw``; else ``1x1x1`` per image)."""
-    ids = batch["input_ids"][row].numpy()
-    cu = batch["cu_seqlens"][row].tolist()
-    cup = batch["cu_seqlens_padded"][row].tolist()
-    owners = batch["image_source_index"][row].tolist()
+    pack = pack_from_batch(batch, row)
+    ids = pack.input_ids
+    cu, cup = pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist()
+    owners = pack.image_source_index.tolist()
     grids = (
-        batch["image_grid_thw"][row].tolist()
-        if "image_grid_thw" in batch
+        pack.media[IMAGE_GRID_THW].tolist()
+        if IMAGE_GRID_THW in pack.media
         else [[1, 1, 1]] * len(owners)
     )
     segments = []
-    for k, key in enumerate(batch["source_ids"][row]):
+    for k, key in enumerate(pack.source_ids):
         start, real = cup[k], cu[k + 1] - cu[k]
         segments.append(
             Segment(

@@ -21,6 +21,7 @@ from energon_packing.packing.algorithms import (
     pack_stream,
     round_up,
 )
+from energon_packing.packing.trainer_bins import trainer_bins
 
 __all__ = [
     "TRAINER_DEFAULT",
@@ -244,12 +245,10 @@ def loader_vs_trainer(
     capacity, lengths = measured.capacity, measured.lengths
     padded = [round_up(n, pad_multiple) for n in lengths]
     real = sum(lengths)
-    trainer_bins = trainer_tokens = padded_tokens = padded_steps = 0
+    trainer_steps = padded_tokens = padded_steps = 0
     for start in range(0, len(padded), batch_size):
         chunk = padded[start : start + batch_size]
-        bins = pack(chunk, capacity, algorithm=algorithm)
-        trainer_bins += len(bins)
-        trainer_tokens += sum(sum(chunk[i] for i in b) for b in bins)
+        trainer_steps += len(trainer_bins(chunk, capacity, algorithm=algorithm))
         padded_steps += 1
         padded_tokens += len(chunk) * max(chunk)
     return [
@@ -261,8 +260,8 @@ def loader_vs_trainer(
         ),
         PathCost(
             name=f"trainer packs (batch {batch_size}, {algorithm})",
-            microbatches=trainer_bins,
-            computed_tokens=trainer_tokens,
+            microbatches=trainer_steps,
+            computed_tokens=sum(padded),  # the bins hold every padded row, nothing more
             real_tokens=real,
         ),
         PathCost(

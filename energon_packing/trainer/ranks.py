@@ -18,6 +18,7 @@ from energon_packing.schema import (
     is_empty,
     layout,
 )
+from energon_packing.stats import metrics_list
 from energon_packing.trainer.shim import MICRO_BATCH_LENGTHS, Microbatch
 
 __all__ = ["FILLER_KEY", "align_ranks", "check_microbatches", "filler_batch"]
@@ -58,7 +59,7 @@ def align_ranks(
         batch = next(source, None)
         while batch is not None and is_empty(batch):
             skipped.extend(batch.get(PACKING_SKIPPED, ()))
-            metrics.extend(_as_list(batch.get(PACKING_METRICS)))
+            metrics.extend(metrics_list(batch.get(PACKING_METRICS)))
             batch = next(source, None)
         state = torch.tensor([0 if batch is None else 1, 1 if skipped or metrics else 0])
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=group)
@@ -69,16 +70,10 @@ def align_ranks(
             out = {
                 **out,
                 PACKING_SKIPPED: [*skipped, *out.get(PACKING_SKIPPED, ())],
-                PACKING_METRICS: [*metrics, *_as_list(out.get(PACKING_METRICS))],
+                PACKING_METRICS: [*metrics, *metrics_list(out.get(PACKING_METRICS))],
             }
             skipped, metrics = [], []
         yield out
-
-
-def _as_list(metrics: Any) -> list:
-    if not metrics:
-        return []
-    return list(metrics) if isinstance(metrics, list) else [metrics]
 
 
 def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any = None) -> None:

@@ -83,13 +83,15 @@ def pack_microbatches(
     check_cp(cp_size, pad_multiple)
     if is_empty(batch):  # accounting only
         return []
-    padded = _padded_lengths(batch, pad_multiple)
+    lengths = torch.as_tensor(batch[INPUT_LENGTHS]).tolist()
+    padded = [round_up(n, pad_multiple) for n in lengths]
     bins = _bin_rows(batch, padded, token_budget, algorithm, dp_size, max_per_bin)
     widths = [round_up(sum(padded[r] for r in rows), pack_multiple) for rows in bins]
     return [
         _squeeze(
             batch,
             rows,
+            lengths=lengths,
             width=max(widths) if pad_to_largest else width,
             pad_multiple=pad_multiple,
             pad_id=pad_id,
@@ -101,11 +103,6 @@ def pack_microbatches(
         )
         for rows, width in zip(bins, widths)
     ]
-
-
-def _padded_lengths(batch: Mapping[str, Any], pad_multiple: int) -> list[int]:
-    lengths = torch.as_tensor(batch[INPUT_LENGTHS]).tolist()
-    return [round_up(n, pad_multiple) for n in lengths]
 
 
 def _bin_rows(
@@ -130,11 +127,17 @@ def _bin_rows(
 
 
 def _squeeze(
-    batch, rows: list[int], *, width: int, pad_multiple: int, pad_id: int, **common
+    batch,
+    rows: list[int],
+    *,
+    lengths: list[int],
+    width: int,
+    pad_multiple: int,
+    pad_id: int,
+    **common,
 ) -> Microbatch:
-    """Rows of a padded batch end to end, each padded to ``pad_multiple``, ``width`` wide (the
-    tail folds into the last row, as in a loader pack)."""
-    lengths = torch.as_tensor(batch[INPUT_LENGTHS]).tolist()
+    """Rows of a padded batch (real ``lengths``) end to end, each padded to ``pad_multiple``,
+    ``width`` wide (the tail folds into the last row, as in a loader pack)."""
     sources = []
     for r in rows:
         n = lengths[r]
