@@ -12,3 +12,7 @@ fi
 # is already satisfied and pip never pulls a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[tools,test]'
+# Megatron-Bridge's own functions are the reference for energon_packing.megatron_bridge
+# (tests/test_megatron_bridge.py); --no-deps: its pins (transformers<5, Transformer Engine) are
+# not needed for the few pure modules the tests load.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps megatron-bridge==0.3.1
