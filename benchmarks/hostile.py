@@ -101,6 +101,54 @@ CHILD = textwrap.dedent(
 ).replace("CAPACITY", str(CAPACITY))
 
 
+#: decode memory: a 24 MP grey PNG ramp, 16-bit vs its 8-bit twin (``images.decode``)
+DECODES = {
+    "24 MP 16-bit grey PNG, scale": ("16", "scale"),
+    "24 MP 16-bit grey PNG, clip": ("16", "clip"),
+    "24 MP 8-bit twin": ("8", "scale"),
+}
+
+DECODE_CHILD = textwrap.dedent(
+    """
+    import io, json, re, sys, time
+    import numpy as np
+    from PIL import Image
+    from energon_packing.encoding.images import decode
+
+    def rss(field):
+        return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+
+    bits, mode = sys.argv[1], sys.argv[2]
+    width, height = 6000, 4000
+    ramp = np.linspace(0, 1, width * height).reshape(height, width)
+    values = (ramp * (65535 if bits == "16" else 255)).astype(np.uint16 if bits == "16" else np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(values).save(buffer, format="PNG")
+    data = buffer.getvalue()
+    del ramp, values
+    open("/proc/self/clear_refs", "w").write("5")
+    before = rss("VmRSS")
+    start = time.perf_counter()
+    decode(data, max_pixels=None, high_bit_depth=mode)
+    seconds = time.perf_counter() - start
+    mb = (rss("VmHWM") - before) / 1024
+    print(json.dumps({"seconds": seconds, "mb": mb, "per_pixel": mb * 2**20 / (width * height),
+                      "kb": len(data) / 1e3}))
+    """
+)
+
+
+def measure_decode(bits: str, mode: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", DECODE_CHILD, bits, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def measure(case: str, lifted: bool) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, case, "1" if lifted else "0"],
@@ -127,6 +175,17 @@ def main() -> None:
             f"{base_name:<16}{base['outcome']:<12}{base['seconds']:>9.2f}{base['mb']:>9.1f}"
         )
     print("\ntarget: every hostile sample rejected in < 1 s with < 100 MB extra peak RSS")
+    print(
+        f"\n{'decode (6000x4000, one process each)':<44}{'file kB':>9}{'seconds':>9}"
+        f"{'peak MB':>9}{'B/px':>7}"
+    )
+    for name, (bits, mode) in DECODES.items():
+        row = measure_decode(bits, mode)
+        print(
+            f"{name:<44}{row['kb']:>9.0f}{row['seconds']:>9.2f}{row['mb']:>9.0f}"
+            f"{row['per_pixel']:>7.1f}"
+        )
+    print("target: a 16-bit image within 2x the 8-bit twin's peak per pixel")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,35 @@ CASES = {
         "bad_loss_weight",
     ),
     "weight_ok": (raw_sample("weight_ok", {"messages": ask("Hi?"), "loss_weight": 2.5}), None),
+    "weight_subnormal": (  # a float32 subnormal: 0 in bf16
+        raw_sample("weight_subnormal", {"messages": ask("Hi?"), "loss_weight": 1e-45}),
+        "bad_loss_weight",
+    ),
+    # 10. images as the web makes them (tests/test_web_images.py has one of each)
+    "text_line_1600x7": (
+        raw_sample(
+            "text_line_1600x7",
+            {"messages": ask("<image>Read it."), "images": ["line.png"]},
+            {"line.png": image("PNG", (1600, 7), mode="L")},
+        ),
+        "image_aspect_ratio",
+    ),
+    "name_with_space": (
+        raw_sample(
+            "name_with_space",
+            {"messages": ask("<image>Colour?"), "images": ["photo (1).jpg"]},
+            {"photo (1).jpg": image("JPEG")},
+        ),
+        None,
+    ),
+    "avif_named_jpg": (
+        raw_sample(
+            "avif_named_jpg",
+            {"messages": ask("<image>Colour?"), "images": ["a.jpg"]},
+            {"a.jpg": image("AVIF")},
+        ),
+        None,
+    ),
     # 4. bounded work before rejection
     "many_turns": (
         raw_sample("many_turns", {"messages": ask("Hi?") * 50_000}),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from energon_packing.encoding.chat import Skip
 from energon_packing.encoding.images import ImageError, probe
 from energon_packing.encoding.vision import (
     VisionConfig,
@@ -54,10 +55,17 @@ def test_smart_resize(height, width, expected):
     assert smart_resize(height, width, SMALL) == expected
 
 
-def test_aspect_ratio_over_200_is_an_image_error():
-    with pytest.raises(ImageError, match="aspect ratio above 200") as info:
-        grid_for(10000, 20, SMALL)
+@pytest.mark.parametrize("width, height", [(10000, 20), (1600, 7), (1, 20000), (20000, 1)])
+def test_aspect_ratio_over_200_is_a_skip_when_costed(width, height):
+    """Costing from the header is data checking (a Skip, never an unexpected error); decoding
+    the same image is an ImageError: both carry the documented reason."""
+    with pytest.raises(Skip, match="above 200, which Qwen2-VL refuses") as info:
+        grid_for(width, height, SMALL)
     assert info.value.reason == "image_aspect_ratio"
+    with pytest.raises(ImageError) as info:
+        smart_resize(height, width, SMALL)
+    assert info.value.reason == "image_aspect_ratio"
+    assert grid_for(4000, 20, SMALL)[0] == 1  # exactly 200 is allowed
 
 
 def test_probe_reads_the_header_only():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from energon_packing.encoding.images import ImageError, probe
+from energon_packing.encoding.images import ImageError, may_be_image, probe
 from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "MAX_LOSS_WEIGHT",
+    "MIN_LOSS_WEIGHT",
     "ROLES",
     "WHOLE_MESSAGES",
     "Conversation",
@@ -56,6 +57,8 @@ BRIEF = 120
 WHOLE_MESSAGES = ("assistant_messages", "last_assistant_message")
 #: The largest loss weight a sample (times its subflavor's) may carry.
 MAX_LOSS_WEIGHT = 1000.0
+#: The smallest: float32's (and bf16's) smallest normal number; below it a weight is 0 in bf16.
+MIN_LOSS_WEIGHT = float(np.finfo(np.float32).tiny)
 
 
 def brief(value: Any, limit: int = BRIEF) -> str:
@@ -220,18 +223,20 @@ def _text(text: str, m: int) -> str:
 
 def check_loss_weight(weight: Any) -> float:
     """``weight`` as a float that is finite, > 0 and <= :data:`MAX_LOSS_WEIGHT` also in
-    float32 (``token_mask``'s dtype), else :class:`Skip` ``bad_loss_weight``."""
+    float32 (``token_mask``'s dtype) and a normal float32 (a subnormal such as 1e-45 is 0 in
+    bf16), else :class:`Skip` ``bad_loss_weight``."""
     try:
         value = float(weight)
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", under="ignore"):
             narrow = float(np.float32(value))
-        ok = not isinstance(weight, bool) and 0.0 < narrow <= MAX_LOSS_WEIGHT
+        ok = not isinstance(weight, bool) and MIN_LOSS_WEIGHT <= narrow <= MAX_LOSS_WEIGHT
     except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
         raise Skip(
             "bad_loss_weight",
-            f"loss_weight {brief(weight)} must be a number > 0 and <= {MAX_LOSS_WEIGHT:g} "
+            f"loss_weight {brief(weight)} must be a number >= {MIN_LOSS_WEIGHT:.3g} (the "
+            f"smallest normal float32; smaller ones are 0 in bf16) and <= {MAX_LOSS_WEIGHT:g} "
             f"(also as float32: tiny values round to 0, huge ones to inf)",
         )
     return value
@@ -300,13 +305,24 @@ def image_sizes(
         name = image_names[i]
         if name not in images:
             raise Skip(
-                "missing_image", f"image {brief(name)} is listed but the shard has no such part"
+                "missing_image", f"image {brief(name)} is listed but {_why_absent(name, images)}"
             )
         try:
             sizes.append(probe(images[name], max_pixels=max_pixels))
         except ImageError as e:
             raise Skip(e.reason, f"image {brief(name)}: {e}") from None
     return sizes
+
+
+def _why_absent(name: str, images: Mapping[str, bytes]) -> str:
+    if "/" in name:  # WebDataset's rule: the key is everything before the file name's first dot
+        return "a part name cannot hold '/' (the tar member would belong to another key)"
+    if not may_be_image(name):
+        suffix = name.rpartition(".")[2]
+        return (
+            f"parts named *.{brief(suffix, 40)[1:-1]} are never read as images (NOT_IMAGE_SUFFIXES)"
+        )
+    return f"the shard sample has no such part (its image parts: {brief(sorted(images))})"
 
 
 def fit_to_capacity(

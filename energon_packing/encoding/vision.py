@@ -19,16 +19,20 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from energon_packing.encoding.chat import Skip
 from energon_packing.encoding.images import ImageError, decode
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+#: The largest long side / short side ratio Qwen2-VL's ``smart_resize`` takes.
+MAX_ASPECT_RATIO = 200
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
+    "MAX_ASPECT_RATIO",
     "VisionConfig",
     "grid_for",
     "patchify",
@@ -77,12 +81,18 @@ class VisionConfig:
 
 def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, int]:
     """Qwen2-VL's target size: both sides multiples of ``factor`` (28), pixels within
-    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible."""
+    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible.
+
+    Raises:
+        ImageError: ``image_aspect_ratio``, an aspect ratio above 200 (Qwen2-VL's own limit).
+    """
     factor = config.factor
-    if max(height, width) / min(height, width) > 200:
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise ImageError(
             "image_aspect_ratio",
-            f"image of {width}x{height} px has an aspect ratio above 200, which Qwen2-VL rejects",
+            f"image of {width}x{height} px (upright) has an aspect ratio of "
+            f"{max(height, width) / min(height, width):,.1f}, above {MAX_ASPECT_RATIO}, which "
+            f"Qwen2-VL refuses; crop or pad such images (e.g. text lines) before packing",
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -98,8 +108,15 @@ def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, in
 
 
 def grid_for(width: int, height: int, config: VisionConfig) -> tuple[int, int, int]:
-    """``(t, h, w)`` in patches for an image of this size: ``image_grid_thw``'s row."""
-    resized_h, resized_w = smart_resize(height, width, config)
+    """``(t, h, w)`` in patches for an image of this size: ``image_grid_thw``'s row.
+
+    Raises:
+        Skip: the image breaks a size rule (``image_aspect_ratio``): costing is data checking.
+    """
+    try:
+        resized_h, resized_w = smart_resize(height, width, config)
+    except ImageError as e:
+        raise Skip(e.reason, str(e)) from None
     return 1, resized_h // config.patch_size, resized_w // config.patch_size
 
 

@@ -1,37 +1,51 @@
 """The Energon sample types and the sample loader that ``dataset.yaml`` points at.
 
 A shard sample is ``<key>.json`` = ``{"messages": [...], "images": ["img0.jpg", ...]}`` plus
-image parts ``<key>.img0.jpg`` / ``.png``. The loader is total: it never raises on bad data
-(Energon would print a traceback and a sample dump per failure); it records ``problem`` and the
-task encoder skips the sample with that reason, counted and reported.
+image parts ``<key>.img0.jpg``, ``<key>.photo (1).png``, ``<key>.图片.webp``. WebDataset and
+Energon split a member's name at the first dot of its file name: the key is what comes before
+(so a key's file name holds no dot), the part name all after (so it holds no ``/``); any other
+character is fine. Images are recognised by content, whatever their extension
+(:func:`.images.may_be_image`). The loader is total: it never raises on bad data (Energon would
+print a traceback and a sample dump per failure); it records ``problem`` and the task encoder
+skips the sample with that reason, counted and reported.
 
 ``.nv-meta/dataset.yaml``::
 
     sample_type: {__module__: energon_packing.loader.samples, __class__: ConversationSample}
     sample_loader: {__module__: energon_packing.loader.samples, __function__: conversation_loader}
     part_filter: {__module__: energon_packing.loader.samples, __function__: conversation_parts}
+
+A ``field_map`` instead (Energon's other route) cannot build a :class:`ConversationSample` (it
+maps one part per field; the images are every image part), and a part it names that the shard
+lacks fails every sample: :func:`check_field_map` makes the first one a :class:`FieldMapError`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+import unicodedata
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
+from megatron.energon.errors import FatalSampleError
 
-from energon_packing.encoding.chat import Skip, check_loss_weight
-from energon_packing.encoding.images import IMAGE_PART
+from energon_packing.encoding.chat import Skip, brief, check_loss_weight
+from energon_packing.encoding.images import may_be_image
 from energon_packing.schema import Pack
 
 __all__ = [
     "ConversationSample",
     "EncodedConversation",
+    "FieldMapError",
     "PackedSample",
+    "check_field_map",
     "conversation_loader",
     "conversation_parts",
     "cook_conversation",
+    "guard_field_map",
     "load_conversation",
 ]
 
@@ -110,7 +124,11 @@ def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
 def _load(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("__corrupt__"):  # marked by loader.energon: the tar bytes were unreadable
         raise Skip("corrupt_shard", str(raw["__corrupt__"])[:300])
-    images = {name: data for name, data in raw.items() if IMAGE_PART.match(name)}
+    images = {
+        name: data
+        for name, data in raw.items()
+        if not name.startswith("__") and isinstance(data, bytes) and may_be_image(name)
+    }
     data = raw.get("json")
     if data is None:
         raise Skip("missing_json", "the sample has no .json part")
@@ -144,6 +162,7 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     names = data.get("images", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise Skip("malformed_json", "'images' must be a list of part names")
+    _alias_normalized(names, images)
     return {
         "messages": messages,
         "image_names": names,
@@ -152,9 +171,23 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:
+    """A listed name that matches a part only up to Unicode normalization (``é`` composed in
+    the JSON, decomposed in a tar written on macOS) is the same image: alias it."""
+    missing = [name for name in names if name not in images]
+    if not missing:
+        return
+    by_form = {unicodedata.normalize("NFC", part): part for part in images}
+    for name in missing:
+        part = by_form.get(unicodedata.normalize("NFC", name))
+        if part is not None:
+            images[name] = images[part]
+
+
 def is_conversation_part(part: str) -> bool:
-    """The parts the loader reads: the JSON document and image files."""
-    return part == "json" or bool(IMAGE_PART.match(part))
+    """The parts the loader reads: the JSON document and every part that may be an image
+    (any name but text, tensor, audio, video and archive suffixes: content decides)."""
+    return part == "json" or may_be_image(part)
 
 
 def conversation_loader() -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -165,6 +198,52 @@ def conversation_loader() -> Callable[[dict[str, Any]], dict[str, Any]]:
 def conversation_parts() -> Callable[[str], bool]:
     """Zero-argument factory for ``dataset.yaml``'s ``part_filter``."""
     return is_conversation_part
+
+
+class FieldMapError(FatalSampleError):
+    """A ``dataset.yaml`` ``field_map`` names a part the samples lack: every sample would fail
+    alike, so the first stops the loader (a :class:`FatalSampleError`: Energon re-raises it)."""
+
+
+#: ``part[field][...]``: the part is the name before the first ``[`` (Energon's syntax).
+_FIELD_PART = re.compile(r"^\s*([^\[\]]+?)\s*(?:\[|$)")
+
+
+def check_field_map(sample: Mapping[str, Any], field_map: Mapping[str, Any]) -> None:
+    """Raises :class:`FieldMapError` naming the field, the part and the key when no option
+    (``a,b``: ``a`` else ``b``) of a ``field_map`` entry names a part ``sample`` holds.
+
+    ``field_map`` as written in the yaml (``{"messages": "conv[messages]"}``) or as Energon
+    parses it (``{"messages": [["conv", "messages"]]}``).
+    """
+    parts = sorted(k for k in sample if not k.startswith("__"))
+    for field, spec in field_map.items():
+        if isinstance(spec, str):
+            options = [m.group(1) for o in spec.split(",") if (m := _FIELD_PART.match(o))]
+        else:
+            options = [str(option[0]) for option in spec if option]
+        if options and not any(part in sample for part in options):
+            key = sample.get("__key__")
+            raise FieldMapError(
+                f"sample {brief(key)}: dataset.yaml field_map maps field {field!r} to part "
+                f"{' or '.join(map(repr, options))}, which the sample does not have (of the parts "
+                f"the field_map names, it holds {brief(parts)}); every sample would fail alike. Name a part the shards hold, "
+                f"or use energon_packing's configs/dataset.yaml (sample_loader: "
+                f"conversation_loader, part_filter: conversation_parts), which reads <key>.json "
+                f"and its image parts"
+            )
+
+
+def guard_field_map(
+    load: Callable[[Any], Any], field_map: Mapping[str, str]
+) -> Callable[[Any], Any]:
+    """``load`` (a factory's field-map sample loader) with :func:`check_field_map` first."""
+
+    def guarded(sample: Any) -> Any:
+        check_field_map(sample, field_map)
+        return load(sample)
+
+    return guarded
 
 
 @stateless
