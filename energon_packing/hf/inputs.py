@@ -1,0 +1,262 @@
+"""One loader pack as the keyword arguments of a Hugging Face model's own forward.
+
+``transformers`` runs a packed row (several conversations end to end) through its own
+padding-free path when ``attention_mask is None``, there is no cache and ``position_ids``
+restart per conversation (``masking_utils.find_packed_sequence_indices``). :func:`to_hf` gives
+each family that form::
+
+    pack        A A A A A p p p B B B B B B B B B B p p | tail pad
+    text row    0 1 2 3 4 5 6 7 0 1 2 3 4 5 6 7 8 9 ...   restarts per padded extent
+    labels      - A A A A - - - - B B B B B B B B B - -   ids where token_mask > 0, else -100
+
+* Qwen2/2.5/3-VL (mRoPE, 3-row ``position_ids`` in the batch): ``position_ids [4, 1, C]``, the
+  text row first, then the pack's mRoPE rows (a ``[3, 1, C]`` tensor is read as mRoPE alone and
+  no packing is detected: the conversations see each other);
+* Gemma 3 (``token_type_ids``): ``position_ids [1, C]`` and the mask mapping its forward takes
+  (:mod:`.masks`), since ``transformers`` remaps its image-block overlay wrongly in a pack;
+* every other family: ``position_ids [1, C]``.
+
+How the family is known: from ``model.config`` or ``config`` (mRoPE: the text config's rope
+parameters name an ``mrope_section``; Gemma 3: ``model_type == "gemma3"``); without either, from
+the batch (3-row positions: mRoPE; ``token_type_ids``: Gemma 3, which then needs ``model=`` or
+``config=`` for its sliding window, an error; else 1-row).
+
+Flash-attention-2 (``_attn_implementation`` of the config, or ``attn_implementation=``) also gets
+``cu_seq_lens_q/k`` (the padded boundaries, int32) and ``max_length_q/k``: what
+``transformers`` would derive from the text row itself (``prepare_fa_kwargs_from_position_ids``),
+given so no layer has to; its modality encoders drop them (``accepts_precomputed_kwargs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from energon_packing.hf.masks import gemma3_mask_mapping
+from energon_packing.schema import (
+    CU_SEQLENS,
+    CU_SEQLENS_PADDED,
+    IMAGE_GRID_THW,
+    INPUT_IDS,
+    POSITION_IDS,
+    SOURCE_IDS,
+    TOKEN_MASK,
+    PackContractError,
+    is_empty,
+    model_fields,
+    pack_from_batch,
+)
+
+__all__ = ["IGNORE_INDEX", "HFInputs", "text_positions", "to_hf"]
+
+#: The label ``transformers``' losses ignore.
+IGNORE_INDEX = -100
+_TOKEN_TYPE_IDS = "token_type_ids"
+
+
+class HFInputs(dict):
+    """Keyword arguments for ``model(**inputs)``, with the pack's bookkeeping as attributes
+    (attributes never reach the forward; ``dict(inputs)`` drops them).
+
+    Attributes:
+        loss_weights: ``[1, C]`` float32, the pack's ``token_mask`` (fractional loss weights,
+            which ``labels`` cannot carry); weigh token ``t``'s loss when predicting it.
+        source_ids: The pack's conversation keys, in row order.
+        cu_seqlens: ``[n + 1]`` real boundaries of the conversations.
+        cu_seqlens_padded: ``[n + 1]`` padded boundaries (last entry = C).
+    """
+
+    __slots__ = ("cu_seqlens", "cu_seqlens_padded", "loss_weights", "source_ids")
+
+
+def text_positions(cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
+    """``[C]``: 0, 1, ... restarting at every padded boundary (through each padding)."""
+    bounds = torch.as_tensor(cu_seqlens_padded, dtype=torch.int64)
+    starts = torch.repeat_interleave(bounds[:-1], bounds.diff())
+    return torch.arange(int(bounds[-1])) - starts
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def _has_mrope(config: Any) -> bool:
+    text = _text_config(config)
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(text, name, None)
+        if isinstance(rope, Mapping) and rope.get("mrope_section") is not None:
+            return True
+    return False
+
+
+def _dtype_of(model: Any, config: Any) -> torch.dtype:
+    """The dtype an additive mask must have (sdpa wants the query's)."""
+    if isinstance(getattr(model, "dtype", None), torch.dtype):
+        return model.dtype
+    for owner in (_text_config(config), config):
+        dtype = getattr(owner, "dtype", None) if owner is not None else None
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    return torch.float32
+
+
+def to_hf(
+    batch: Mapping[str, Any],
+    *,
+    model: Any = None,
+    config: Any = None,
+    row: int | None = None,
+    attn_implementation: str | None = None,
+) -> HFInputs:
+    """The keyword arguments of ``model(**inputs)`` for one pack of a loader batch.
+
+    Args:
+        batch: A prepacked batch of the loader (:func:`energon_packing.schema.collate`).
+        model: The ``transformers`` model the pack goes to: its config names the family and
+            the attention implementation; tensors move to its device.
+        config: Its config instead (``PretrainedConfig``), when no model is at hand.
+        row: Which pack of the batch; ``None`` requires a batch of one pack.
+        attn_implementation: Overrides the config's (``"flash_attention_2"`` adds the varlen
+            boundaries); with neither model nor config, ``"sdpa"``.
+
+    Returns:
+        :class:`HFInputs`: ``input_ids [1, C]``, ``position_ids`` (``[4, 1, C]`` for mRoPE,
+        else ``[1, C]``), the pack's media and token-aligned fields, ``labels [1, C]`` (ids
+        where ``token_mask > 0``, -100 elsewhere: on pads, prompts and every conversation's
+        first token; unshifted, the model shifts), ``use_cache=False``, no ``attention_mask``
+        (Gemma 3: its mask mapping), and with flash-attention-2 ``cu_seq_lens_q/k`` and
+        ``max_length_q/k``.
+
+    Raises:
+        PackContractError: not a prepacked batch, a broken pack, or positions that do not fit
+            the model's family.
+        ValueError: an empty batch, a batch of several packs without ``row=``, both ``model``
+            and ``config``, or Gemma 3 without either.
+    """
+    if model is not None and config is not None:
+        raise ValueError("to_hf: pass model= or config=, not both")
+    row = _row(batch, row)
+    pack = pack_from_batch(batch, row)
+    pack.check()
+    if model is not None:
+        config = model.config
+    if config is None and _TOKEN_TYPE_IDS in batch:
+        raise ValueError(
+            "to_hf: the batch carries token_type_ids (Gemma 3): its forward needs a mask "
+            "mapping built with its sliding window; pass model= or config="
+        )
+    attn = attn_implementation or getattr(_text_config(config), "_attn_implementation", None)
+    varlen = "flash" in (attn or "")
+    gemma3 = getattr(config, "model_type", None) == "gemma3"
+    if gemma3 and varlen:
+        raise ValueError(
+            f"to_hf: Gemma 3 does not run flash attention (attn_implementation={attn!r}: its "
+            f"image tokens attend bidirectionally); use sdpa or eager"
+        )
+    cu_padded = torch.as_tensor(batch[CU_SEQLENS_PADDED][row])
+    ids = batch[INPUT_IDS][row]
+    token_mask = batch[TOKEN_MASK][row]
+    inputs = HFInputs(
+        input_ids=ids[None],
+        position_ids=_positions(batch, row, config, cu_padded, pack.source_ids),
+        labels=torch.where(token_mask > 0, ids, IGNORE_INDEX)[None],
+        use_cache=False,
+    )
+    media, tokens = model_fields(batch)
+    per_pack = {key: batch[key][row] for key in media}
+    if any(len(value) for value in per_pack.values()):  # a pack without images has none
+        inputs.update(per_pack)
+    for key in tokens:
+        inputs[key] = batch[key][row][None]
+    if gemma3:  # its image overlay, remapped per conversation, would read the wrong tokens
+        token_types = inputs.get(_TOKEN_TYPE_IDS)
+        if token_types is None:
+            token_types = (ids == config.image_token_id).long()
+        inputs["attention_mask"] = gemma3_mask_mapping(
+            cu_seqlens_padded=cu_padded,
+            token_type_ids=token_types,
+            sliding_window=int(_text_config(config).sliding_window),
+            dtype=_dtype_of(model, config),
+        )
+    if varlen:
+        boundaries = cu_padded.to(torch.int32)
+        longest = int(boundaries.diff().max())
+        inputs.update(
+            cu_seq_lens_q=boundaries,
+            cu_seq_lens_k=boundaries,
+            max_length_q=longest,
+            max_length_k=longest,
+        )
+    if getattr(model, "device", None) is not None:
+        _move(inputs, model.device)
+    inputs.loss_weights = token_mask[None].to(inputs["input_ids"].device)
+    inputs.source_ids = list(pack.source_ids)
+    inputs.cu_seqlens = torch.as_tensor(batch[CU_SEQLENS][row])
+    inputs.cu_seqlens_padded = cu_padded
+    return inputs
+
+
+def _row(batch: Mapping[str, Any], row: int | None) -> int:
+    """The pack to take: ``row``, or the only one."""
+    if is_empty(batch):
+        raise ValueError(
+            "to_hf: the batch holds no pack (an accounting-only batch that carries skips); "
+            "skip it with `if is_empty(batch): continue`"
+        )
+    if CU_SEQLENS_PADDED not in batch:
+        raise PackContractError(
+            "cu_seqlens_padded: not a prepacked batch (no boundary keys); to_hf takes the "
+            "loader's packs"
+        )
+    rows = int(batch[INPUT_IDS].shape[0])
+    if row is None:
+        if rows != 1:
+            raise ValueError(
+                f"to_hf: the batch holds {rows} packs (source_ids={batch.get(SOURCE_IDS)}); "
+                f"pass row=0..{rows - 1} for one of them, or load with batch_size=1"
+            )
+        return 0
+    if not 0 <= row < rows:
+        raise ValueError(f"to_hf: row={row} is out of range for a batch of {rows} packs")
+    return row
+
+
+def _positions(
+    batch: Mapping[str, Any], row: int, config: Any, cu_padded: torch.Tensor, source_ids: list
+) -> torch.Tensor:
+    """``[4, 1, C]`` (text row, then mRoPE rows) for an mRoPE model, else ``[1, C]``."""
+    positions = torch.as_tensor(batch[POSITION_IDS])
+    three = positions.ndim == 3
+    mrope = three if config is None else _has_mrope(config)
+    if three and not mrope:
+        raise PackContractError(
+            f"position_ids: the batch has 3-row mRoPE positions, but {config.model_type!r} "
+            f"reads 1-row positions; build the loader with this model's processor "
+            f"(source_ids={source_ids})"
+        )
+    if not mrope:
+        return positions[row][None]
+    if three:
+        rope = positions[:, row]
+    elif batch.get(IMAGE_GRID_THW) is not None and len(batch[IMAGE_GRID_THW][row]):
+        raise PackContractError(
+            f"position_ids: {config.model_type!r} reads mRoPE positions and the pack has "
+            f"images, but its positions are 1-row; build the loader with this model's "
+            f"processor (source_ids={source_ids})"
+        )
+    else:  # text only: the three mRoPE rows are the text positions
+        rope = positions[row].expand(3, -1)
+    return torch.cat([text_positions(cu_padded)[None], rope])[:, None, :]
+
+
+def _move(inputs: dict, device: Any) -> None:
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            inputs[key] = value.to(device)
+        elif isinstance(value, dict):
+            _move(value, device)

@@ -1,0 +1,77 @@
+"""Gemma 3's mask mapping for one pack, built from the pack's boundaries and image blocks.
+
+Gemma 3 attends causally, except that the tokens of one image see each other (bidirectional);
+its sliding layers also keep a window. ``transformers`` builds that overlay for a packed row
+with the image blocks remapped by the per-conversation positions, so a conversation reads the
+first conversation's blocks. The forward takes the finished mapping instead
+(``attention_mask={"full_attention": ..., "sliding_attention": ...}``), built here::
+
+    segments   0 0 0 0 0 0 | 1 1 1 1 1 1 1 1      (padded extents: cu_seqlens_padded)
+    blocks     . i i . . . | . . j j j . . .      (runs of token_type_ids == 1)
+    allowed    same segment AND (key <= query OR same block) [AND key > query - window]
+
+Additive ``[1, 1, C, C]`` in the model's dtype (0 where allowed, the dtype's minimum elsewhere),
+the form eager and sdpa both read: two of them per pack (at C = 8192 in bfloat16, 128 MiB
+each), dense attention over the row. No ``transformers`` import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["additive_mask", "gemma3_mask_mapping", "image_blocks", "segment_ids"]
+
+
+def segment_ids(
+    cu_seqlens_padded: torch.Tensor, *, device: torch.device | None = None
+) -> torch.Tensor:
+    """``[C]``: which conversation (padded extent) each position belongs to."""
+    bounds = torch.as_tensor(cu_seqlens_padded, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(torch.arange(len(bounds) - 1, device=device), bounds.diff())
+
+
+def image_blocks(token_type_ids: torch.Tensor) -> torch.Tensor:
+    """``[C]``: one id per run of image tokens (``token_type_ids == 1``), -1 elsewhere; as
+    ``transformers``' ``get_block_sequence_ids_for_mask`` numbers them, over the whole row."""
+    image = token_type_ids.reshape(-1) == 1
+    starts = image & ~torch.nn.functional.pad(image[:-1], (1, 0))
+    return torch.where(image, torch.cumsum(starts.long(), 0) - 1, -1)
+
+
+def additive_mask(
+    segments: torch.Tensor,
+    *,
+    blocks: torch.Tensor | None = None,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``[1, 1, C, C]``: 0 where a query (row) may attend a key (column), dtype min elsewhere."""
+    positions = torch.arange(len(segments), device=segments.device)
+    query, key = positions[:, None], positions[None, :]
+    allowed = key <= query
+    if blocks is not None:
+        allowed = allowed | ((blocks[:, None] == blocks[None, :]) & (blocks[:, None] >= 0))
+    allowed &= segments[:, None] == segments[None, :]
+    if window is not None:
+        allowed &= key > query - window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def gemma3_mask_mapping(
+    *,
+    cu_seqlens_padded: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    sliding_window: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+) -> dict[str, torch.Tensor]:
+    """The ``attention_mask`` mapping Gemma 3's forward reads, for one pack of ``C`` tokens."""
+    segments = segment_ids(cu_seqlens_padded, device=device)
+    blocks = image_blocks(token_type_ids.to(device))
+    return {
+        "full_attention": additive_mask(segments, blocks=blocks, dtype=dtype),
+        "sliding_attention": additive_mask(
+            segments, blocks=blocks, window=sliding_window, dtype=dtype
+        ),
+    }
