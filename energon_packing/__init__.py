@@ -6,7 +6,8 @@ The package is split into rooms by what they may import (``tests/test_layout.py`
 * :mod:`energon_packing.encoding`: conversations to tokens, masks, image costs (no Energon);
 * :mod:`energon_packing.loader`: everything that touches Energon;
 * :mod:`energon_packing.trainer`: the trainer-side shim (no Energon);
-* :mod:`energon_packing.schema`, :mod:`energon_packing.config`, :mod:`energon_packing.stats`:
+* :mod:`energon_packing.schema`, :mod:`energon_packing.config`, :mod:`energon_packing.stats`,
+  :mod:`energon_packing.errors`:
   the pack schema, the knobs and the accounting every room shares;
 * :mod:`energon_packing.tools` (the CLI, an extra) and :mod:`energon_packing.testing`
   (generated data, the tiny reference model): never imported by the library.
@@ -29,12 +30,14 @@ __version__ = "0.2.0"
 _LAZY = {
     "PackingTaskEncoder": "loader.task_encoder",
     "PackingError": "loader.task_encoder",
+    "RestoreMismatchError": "loader.energon",
     "ConversationSample": "loader.samples",
     "EncodedConversation": "loader.samples",
     "PackedSample": "loader.samples",
     "PackingConfig": "config",
     "PackingStats": "stats",
     "MetricsAggregator": "stats",
+    "SkipWarning": "stats",
     "PackContractError": "schema",
 }
 

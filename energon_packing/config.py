@@ -1,7 +1,18 @@
-"""The one source of truth for every packing knob: a validated dataclass.
+"""The one source of truth for every packing knob: three typed sections, each field declared.
 
-``PackingTaskEncoder(**knobs)`` and ``PackingConfig.from_dict(yaml_dict)`` both land here;
-unknown keys raise, and every error names the knob and the value that fixes it.
+* :class:`PackingKnobs` (``config.packing``): pack width, padding, algorithm, carry, balance;
+* :class:`SampleKnobs` (``config.samples``): which conversations are accepted, and how;
+* :class:`LayoutKnobs` (``config.layout``): what the built-in layout or a processor emits.
+
+Every field declares (``dataclasses.field`` metadata, listed in :data:`KNOBS`) what it does,
+whether it decides the packs (which conversations go where, or what tensors they carry), how it
+may change when a checkpoint is restored (:data:`RESTORE_RULES`) and on which layout path it
+applies. The restore check (:meth:`PackingConfig.settings`), the task encoder's keywords, the
+defaults and the README's knob table (:func:`knob_table`) all come from those declarations.
+
+``PackingConfig(**knobs)``, ``PackingConfig.from_dict(yaml_section)`` and
+``PackingTaskEncoder(**knobs)`` take the flat names (unknown keys raise, listing the valid ones),
+and ``config.max_turns`` reads a field wherever it lives. Pure: imports only the packing core.
 """
 
 from __future__ import annotations
@@ -9,12 +20,10 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from energon_packing.encoding.chat import Limits
-from energon_packing.encoding.vision import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
-from energon_packing.packing.algorithms import check_algorithm
+from energon_packing.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm
 from energon_packing.packing.carry import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_CARRIES,
@@ -23,103 +32,191 @@ from energon_packing.packing.carry import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_IMAGE_PIXELS",
-    "HIGH_BIT_DEPTH",
-    "OVERLONG_POLICIES",
-    "SPECIAL_TOKEN_TEXT",
-    "TRAIN_ON",
+    "BUILTIN",
+    "KNOBS",
+    "MAY_CHANGE",
+    "MAY_RAISE",
+    "MUST_EQUAL",
+    "PROCESSOR",
+    "Knob",
+    "LayoutKnobs",
+    "Limits",
     "PackingConfig",
+    "PackingKnobs",
+    "SampleKnobs",
+    "VisionConfig",
+    "knob",
+    "knob_table",
 ]
 
 OVERLONG_POLICIES = ("drop", "truncate", "error")
 TRAIN_ON = ("all_assistant", "last_assistant", "assistant_messages", "last_assistant_message")
-
 SPECIAL_TOKEN_TEXT = ("text", "skip")
 HIGH_BIT_DEPTH = ("scale", "clip")
 #: 50 megapixels: an 8K photo; decoding one costs ~150 MB of RGB in the loader worker.
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+#: Qwen2-VL's resize bounds (its image processor's defaults), the built-in layout's.
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+#: Samples a loader worker may skip before its first pack, then it stops with the reasons.
+DEFAULT_MAX_SKIPS_WITHOUT_PACK = 1000
+
+#: The layout paths: ``tokenizer=`` (the built-in ChatML + Qwen2-VL layout) or ``processor=``.
+BUILTIN, PROCESSOR = "builtin", "processor"
+PATHS = (BUILTIN, PROCESSOR)
+
+#: Restore rules. ``MAY_RAISE`` only for an acceptance limit: a conversation a restore re-reads
+#: from the buffer was accepted under the saved limit, so it is accepted, and encoded the same,
+#: under a higher one; packs already emitted are unaffected (later ones may take conversations
+#: the old limit refused). Lowering it could skip a re-read conversation: refused.
+MUST_EQUAL, MAY_RAISE, MAY_CHANGE = "must equal", "may be raised", "may change"
+RESTORE_RULES = (MUST_EQUAL, MAY_RAISE, MAY_CHANGE)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class PackingConfig:
-    """Packing knobs.
+class Knob:
+    """One field's declaration, as :data:`KNOBS` lists it."""
 
-    Attributes:
-        max_input_seq_length: Pack width C in tokens; every pack is exactly this wide.
-        pad_multiple: Each conversation is padded to a multiple of this (C must be one too).
-            With context parallelism CP use a multiple of 2*CP (of TP*CP with sequence
-            parallelism), so every padded segment splits evenly across CP ranks.
-        algorithm: Packing algorithm, one of ``energon_packing.packing.ALGORITHMS``.
-        max_per_pack: At most this many conversations per pack (None: no limit).
-        seed: Seed of ``first_fit_shuffle`` (mixed with each buffer's content).
-        delta: Extra packs pre-allocated by ``balanced_greedy_knapsack``.
-        overlong: Conversations longer than C after padding: ``"drop"`` (skip, counted),
-            ``"truncate"`` (cut text after the last image, keep >= 1 trained token, else drop)
-            or ``"error"`` (stop with a message naming the sample).
-        train_on: ``"all_assistant"`` turns (each reply and its end-of-turn token), only the
-            ``"last_assistant"`` turn, ``"assistant_messages"``: every assistant message as
-            rendered, role header and trailing newline included (what NeMo-RL's producer
-            trains), or ``"last_assistant_message"`` (the last one only: NeMo-RL's
-            ``only_unmask_final``).
-        mrope: Emit Qwen2-VL 3-row (t, h, w) ``position_ids`` instead of 1-row.
-        min_pixels: Images are upscaled to at least this many pixels (Qwen2-VL's knob).
-        max_pixels: Images are downscaled to at most this many pixels.
-        carry: Keep the samples of under-full packs in the loader's buffer for the next select
-            (Energon empties it every round); packs near the lower bound from small buffers.
-        max_carries: With carry, a sample is carried at most this many times, so it leaves at
-            most ``max_carries + 1`` selects (``(max_carries + 1) * buffer`` samples) late.
-        carry_min_fill: With carry, packs at least this full (fraction of C) always leave.
-        carry_budget: With carry, at most this fraction of the buffer stays behind per round.
-        balance_window: Keep a pool of this many selected packs and emit, at each step, the
-            one nearest to a target cost quantile that every rank derives from ``seed``, so
-            data-parallel ranks get packs of similar attention cost at each step; 0 = off.
-            The pool sits beside the packing buffer (its samples stay compressed): larger
-            pools balance better (see benchmarks/carry_loader.py) and cost memory.
-        special_token_text: Conversation text that spells a special token (``"<|im_end|>"``
-            in a reply): ``"text"`` tokenizes it as plain text (only the chat layout inserts
-            special ids), ``"skip"`` skips the conversation (reason ``special_token_text``).
-        max_text_chars: Characters of text a conversation may hold; checked before any
-            tokenizing (None: 32 * C, more than any conversation that fits C tokens holds).
-        max_turns: Messages a conversation may hold (None: C // 2).
-        max_images: Images a conversation may hold (None: C // 4; Qwen2-VL's smallest image
-            takes 4 tokens).
-        max_image_pixels: Pixels (width * height, read from the header) an image may have
-            before it is skipped as ``image_too_large``, before anything is decoded.
-        high_bit_depth: 16-bit and float images: ``"scale"`` maps their range onto 0..255;
-            ``"clip"`` saturates them as PIL's ``convert("RGB")`` and transformers' image
-            processors do (16-bit PNGs turn white, float TIFFs black).
-        chat_template_kwargs: Keyword arguments for the processor's ``apply_chat_template``
-            (e.g. ``{"add_vision_id": True}`` for Qwen2-VL); processor path only.
-    """
+    name: str
+    section: str
+    default: Any
+    #: what the README's default column says (e.g. ``C // 2`` for a default derived from C)
+    default_text: str
+    #: whether it decides which conversations go where, or what tensors they carry
+    decides: bool
+    restore: str
+    effect: str
+    related: str
+    paths: tuple[str, ...]
+    #: what to use instead on a path the knob does not apply to
+    instead: str
+    #: the valid values of a knob that takes one of a few
+    choices: tuple = ()
 
-    max_input_seq_length: int
-    pad_multiple: int = 1
-    algorithm: str = "subset_fill"
-    max_per_pack: int | None = None
-    seed: int = 0
-    delta: int = 0
-    overlong: str = "drop"
-    train_on: str = "all_assistant"
-    mrope: bool = False
-    min_pixels: int = DEFAULT_MIN_PIXELS
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    carry: bool = False
-    max_carries: int = DEFAULT_MAX_CARRIES
-    carry_min_fill: float = DEFAULT_MIN_FILL
-    carry_budget: float = DEFAULT_BUDGET
-    balance_window: int = 0
-    special_token_text: str = "text"
-    max_text_chars: int | None = None
-    max_turns: int | None = None
-    max_images: int | None = None
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    high_bit_depth: str = "scale"
-    chat_template_kwargs: dict | None = None
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+
+def _knob(
+    default: Any = dataclasses.MISSING,
+    *,
+    effect: str,
+    decides: bool = True,
+    restore: str | None = None,
+    default_text: str | None = None,
+    related: str = "",
+    paths: tuple[str, ...] = PATHS,
+    instead: str = "",
+    choices: tuple = (),
+) -> Any:
+    restore = restore or (MUST_EQUAL if decides else MAY_CHANGE)
+    assert restore in RESTORE_RULES and (decides or restore == MAY_CHANGE)
+    meta = dict(
+        effect=effect,
+        decides=decides,
+        restore=restore,
+        default_text=default_text,
+        related=related,
+        paths=paths,
+        instead=instead,
+        choices=choices,
+    )
+    if default is dataclasses.MISSING:
+        return field(metadata={"knob": meta})
+    return field(default=default, metadata={"knob": meta})
+
+
+# ---- validation helpers --------------------------------------------------------------------
+
+
+def _integer(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
+
+
+def _flag(name: str, value: Any, *, optional: bool = False) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+# ---- the sections --------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PackingKnobs:
+    """Where conversations go: the pack width, padding, the algorithm, carry and balance."""
+
+    max_input_seq_length: int = _knob(
+        effect="pack width C; every pack is exactly C tokens",
+        default_text="(required)",
+        related="NeMo-RL `max_input_seq_length` / `max_total_sequence_length`",
+    )
+    pad_multiple: int = _knob(
+        1,
+        effect="each conversation padded to a multiple of this; C must be one too",
+        related="NeMo-RL `make_sequence_length_divisible_by`; 2*CP (TP*CP with SP) under "
+        "context parallelism",
+    )
+    algorithm: str = _knob(
+        DEFAULT_ALGORITHM,
+        choices=tuple(ALGORITHMS),
+        effect="packing algorithm (table below)",
+        related="NeMo-RL `sequence_packing.algorithm`",
+    )
+    max_per_pack: int | None = _knob(
+        None,
+        effect="at most this many conversations per pack",
+        related="kernels with a cap on `cu_seqlens` length",
+    )
+    seed: int = _knob(
+        0,
+        effect="seed of `first_fit_shuffle` (mixed with each buffer's content) and of balanced "
+        "emission",
+        related="same on every rank",
+    )
+    delta: int = _knob(
+        0,
+        effect="extra packs pre-allocated by `balanced_greedy_knapsack` (upstream's default is 20)",
+        related="NeMo-RL loader recipes",
+    )
+    carry: bool = _knob(
+        False,
+        effect="samples of under-full packs stay in the loader buffer for the next select",
+        related="Energon `packing_buffer_size` (carry makes small ones enough)",
+    )
+    max_carries: int = _knob(
+        DEFAULT_MAX_CARRIES,
+        effect="with carry, a sample is carried at most this often: it leaves at most "
+        "`max_carries + 1` selects late",
+    )
+    carry_min_fill: float = _knob(
+        DEFAULT_MIN_FILL, effect="with carry, packs at least this full (fraction of C) always leave"
+    )
+    carry_budget: float = _knob(
+        DEFAULT_BUDGET,
+        effect="with carry, at most this fraction of the buffer stays behind per select",
+    )
+    balance_window: int = _knob(
+        0,
+        effect="pool of packs from which each step emits the one nearest to a cost target "
+        "shared by all data-parallel ranks; 0 = off",
+        related="DP size; 32-128",
+    )
 
     def __post_init__(self) -> None:
         capacity = self.max_input_seq_length
-        _positive_int("max_input_seq_length", capacity)
-        _positive_int("pad_multiple", self.pad_multiple)
+        _integer("max_input_seq_length", capacity, minimum=1)
+        _integer("pad_multiple", self.pad_multiple, minimum=1)
         if capacity % self.pad_multiple:
             raise ValueError(
                 f"max_input_seq_length={capacity} is not a multiple of pad_multiple="
@@ -128,8 +225,7 @@ class PackingConfig:
                 f"pad_multiple that divides it (with context parallelism CP: a multiple of 2*CP)"
             )
         check_algorithm(self.algorithm)
-        if self.max_per_pack is not None:
-            _positive_int("max_per_pack", self.max_per_pack)
+        _integer("max_per_pack", self.max_per_pack, minimum=1, optional=True)
         for name in ("seed", "delta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -139,76 +235,351 @@ class PackingConfig:
                 f"delta={self.delta} only applies to algorithm='balanced_greedy_knapsack', "
                 f"not {self.algorithm!r}"
             )
+        _flag("carry", self.carry)
+        _integer("balance_window", self.balance_window, minimum=0)
+        self.policy()  # validates the carry knobs even while carry is off
+
+    def policy(self) -> CarryPolicy:
+        return CarryPolicy(
+            max_carries=self.max_carries, min_fill=self.carry_min_fill, budget=self.carry_budget
+        )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SampleKnobs:
+    """Which conversations are accepted (limits checked before any tokenizing or decoding),
+    what happens to the rest, and when a loader that accepts nothing stops."""
+
+    overlong: str = _knob(
+        "drop",
+        choices=OVERLONG_POLICIES,
+        effect="longer than C after padding: `drop` (counted), `truncate` (text after the last "
+        "image, >= 1 trained token kept, else dropped), `error` (stop, naming the sample)",
+        related="NeMo-RL truncation",
+    )
+    special_token_text: str = _knob(
+        "text",
+        choices=SPECIAL_TOKEN_TEXT,
+        effect="text that spells a special token is tokenized as plain text (`text`) or the "
+        "conversation is skipped (`skip`)",
+    )
+    max_text_chars: int | None = _knob(
+        None,
+        restore=MAY_RAISE,
+        default_text="32 * C",
+        effect="characters of text a conversation may hold, checked before tokenizing "
+        "(`text_too_long`)",
+    )
+    max_turns: int | None = _knob(
+        None,
+        restore=MAY_RAISE,
+        default_text="C // 2",
+        effect="messages a conversation may hold (`too_many_turns`)",
+    )
+    max_images: int | None = _knob(
+        None,
+        restore=MAY_RAISE,
+        default_text="C // 4",
+        effect="images a conversation may hold (`too_many_images`)",
+    )
+    max_image_pixels: int = _knob(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        restore=MAY_RAISE,
+        default_text="50,000,000",
+        effect="reject threshold: pixels (width * height, from the header, before any decode) "
+        "an image may have, else it is skipped (`image_too_large`); not the resize target "
+        "(`max_pixels`)",
+        related="worker memory",
+    )
+    max_skips_without_pack: int | None = _knob(
+        DEFAULT_MAX_SKIPS_WITHOUT_PACK,
+        decides=False,
+        default_text="1,000",
+        effect="a loader worker that skips this many samples before its first pack stops with "
+        "the skip reasons and counts (never a silent hang); None = never",
+    )
+
+    def __post_init__(self) -> None:
         _choice("overlong", self.overlong, OVERLONG_POLICIES)
-        _choice("train_on", self.train_on, TRAIN_ON)
-        for name in ("mrope", "carry"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if (
-            isinstance(self.balance_window, bool)
-            or not isinstance(self.balance_window, int)
-            or (self.balance_window < 0)
-        ):
-            raise ValueError(f"balance_window must be an integer >= 0, got {self.balance_window!r}")
         _choice("special_token_text", self.special_token_text, SPECIAL_TOKEN_TEXT)
+        for name in ("max_text_chars", "max_turns", "max_images", "max_skips_without_pack"):
+            _integer(name, getattr(self, name), minimum=1, optional=True)
+        _integer("max_image_pixels", self.max_image_pixels, minimum=1)
+
+
+_BUILTIN_RESIZE = (
+    "with processor= its image processor decides the resize: set it there, e.g. "
+    "processor.image_processor.{name} = ... (or size={{'shortest_edge': ..., 'longest_edge': "
+    "...}}), or in the processor directory's preprocessor_config.json; max_image_pixels (the "
+    "reject threshold) applies on both paths"
+)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LayoutKnobs:
+    """What the layout emits for an accepted conversation: targets, positions, pixels."""
+
+    train_on: str = _knob(
+        "all_assistant",
+        choices=TRAIN_ON,
+        effect="loss on every assistant reply (and its end-of-turn token), `last_assistant` "
+        "only, `assistant_messages`: each whole rendered assistant message, role header and "
+        "trailing newline included, or `last_assistant_message` (the last one only)",
+        related="`assistant_messages` = NeMo-RL's producer, `last_assistant_message` = its "
+        "`only_unmask_final`",
+    )
+    mrope: bool | None = _knob(
+        None,
+        default_text="None (auto)",
+        effect="3-row Qwen2-VL position ids (`[3, B, C]`) instead of 1-row; None: off on the "
+        "built-in layout, the processor family's own with processor= (an explicit value the "
+        "family contradicts raises)",
+        related="Qwen2-VL / Qwen2.5-VL / Qwen3-VL models",
+    )
+    min_pixels: int | None = _knob(
+        None,
+        default_text=f"None ({DEFAULT_MIN_PIXELS})",
+        effect="resize target: images upscaled to at least this many pixels (built-in layout only)",
+        related="Qwen2-VL `min_pixels`",
+        paths=(BUILTIN,),
+        instead=_BUILTIN_RESIZE.format(name="min_pixels"),
+    )
+    max_pixels: int | None = _knob(
+        None,
+        default_text=f"None ({DEFAULT_MAX_PIXELS})",
+        effect="resize target: images downscaled to at most this many pixels (built-in layout "
+        "only); not the reject threshold (`max_image_pixels`)",
+        related="Qwen2-VL `max_pixels`",
+        paths=(BUILTIN,),
+        instead=_BUILTIN_RESIZE.format(name="max_pixels"),
+    )
+    high_bit_depth: str = _knob(
+        "scale",
+        choices=HIGH_BIT_DEPTH,
+        effect="16-bit and float images: range mapped onto 0..255 (`scale`) or saturated as "
+        "PIL / transformers do (`clip`)",
+    )
+    chat_template_kwargs: dict | None = _knob(  # noqa: RUF009 (a field(), default None)
+        None,
+        effect="keyword arguments for the processor's `apply_chat_template` (processor path only)",
+        related="e.g. Qwen2-VL `add_vision_id`",
+        paths=(PROCESSOR,),
+        instead="the built-in layout (tokenizer=) has no chat template; pass processor= to use "
+        "the model's own",
+    )
+
+    def __post_init__(self) -> None:
+        _choice("train_on", self.train_on, TRAIN_ON)
+        _flag("mrope", self.mrope, optional=True)
+        for name in ("min_pixels", "max_pixels"):
+            _integer(name, getattr(self, name), minimum=1, optional=True)
         _choice("high_bit_depth", self.high_bit_depth, HIGH_BIT_DEPTH)
-        for name in ("max_text_chars", "max_turns", "max_images"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        _positive_int("max_image_pixels", self.max_image_pixels)
         kwargs = self.chat_template_kwargs
         if kwargs is not None and (
             not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
         ):
             raise ValueError(f"chat_template_kwargs must be a dict of str keys, got {kwargs!r}")
-        _ = self.vision  # validates min_pixels / max_pixels
-        self._policy()  # validates the carry knobs even while carry is off
+        _ = self.vision  # validates min_pixels <= max_pixels
+
+    @property
+    def vision(self) -> VisionConfig:
+        return VisionConfig(
+            min_pixels=DEFAULT_MIN_PIXELS if self.min_pixels is None else self.min_pixels,
+            max_pixels=DEFAULT_MAX_PIXELS if self.max_pixels is None else self.max_pixels,
+        )
+
+
+#: section attribute of :class:`PackingConfig` -> its class
+SECTIONS = {"packing": PackingKnobs, "samples": SampleKnobs, "layout": LayoutKnobs}
+
+
+def _declared() -> tuple[Knob, ...]:
+    knobs = []
+    for section, klass in SECTIONS.items():
+        for f in dataclasses.fields(klass):
+            meta = dict(f.metadata["knob"])
+            default_text = meta.pop("default_text") or _text(f.default)
+            knobs.append(
+                Knob(
+                    name=f.name,
+                    section=section,
+                    default=f.default,
+                    default_text=default_text,
+                    **meta,
+                )
+            )
+    return tuple(knobs)
+
+
+def _text(value: Any) -> str:
+    return f"`{value}`" if isinstance(value, str) else str(value)
+
+
+# ---- the resolved values the encoders read -------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Limits:
+    """Work a conversation may cost before it is rejected, checked before any tokenizing
+    (``max_*`` knobs, with the defaults derived from C filled in).
+
+    Attributes:
+        max_text_chars: Characters of text over all messages.
+        max_turns: Messages.
+        max_images: Images referenced (and listed).
+    """
+
+    max_text_chars: int
+    max_turns: int
+    max_images: int
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VisionConfig:
+    """Qwen2-VL's image processor knobs (its names and defaults): the built-in layout's.
+
+    Attributes:
+        min_pixels: Images are upscaled to at least this many pixels.
+        max_pixels: ... and downscaled to at most this many (a resize target, not a limit).
+        patch_size: Side of a vision patch in pixels.
+        merge_size: Patches merged per side into one LLM token (2x2 -> 1).
+        temporal_patch_size: A still image is repeated this many times in time.
+    """
+
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
+            _integer(name, getattr(self, name), minimum=1)
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})"
+            )
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch row of ``pixel_values``: 3 * T * P * P (1176 for Qwen2-VL)."""
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+
+# ---- the config ----------------------------------------------------------------------------
+
+
+@dataclass(init=False, frozen=True)  # not slots: 3.11 then raises TypeError on setattr
+class PackingConfig:
+    """Every packing knob, validated, in three sections (flat names in, flat names out).
+
+    ``PackingConfig(max_input_seq_length=8192, carry=True)`` builds it; ``config.carry`` reads
+    ``config.packing.carry``. :data:`KNOBS` lists every knob with its declaration (the README's
+    configuration table is :func:`knob_table`).
+    """
+
+    packing: PackingKnobs
+    samples: SampleKnobs
+    layout: LayoutKnobs
+
+    def __init__(self, **knobs: Any):
+        unknown = sorted(set(knobs) - set(_BY_NAME))
+        if unknown:
+            raise ValueError(
+                f"unknown packing option(s) {', '.join(map(repr, unknown))}; valid options: "
+                f"{', '.join(sorted(_BY_NAME))}"
+            )
+        if "max_input_seq_length" not in knobs:
+            raise ValueError("max_input_seq_length (the pack width C in tokens) is required")
+        for section, klass in SECTIONS.items():
+            names = [f.name for f in dataclasses.fields(klass)]
+            object.__setattr__(self, section, klass(**{n: knobs[n] for n in names if n in knobs}))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PackingConfig:
+        """Builds a config from a flat mapping (e.g. a YAML section); unknown keys raise."""
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every knob by its flat name (what :meth:`from_dict` takes back)."""
+        return {knob.name: getattr(self, knob.name) for knob in KNOBS}
+
+    def replace(self, **changes: Any) -> PackingConfig:
+        return PackingConfig(**{**self.to_dict(), **changes})
 
     @property
     def limits(self) -> Limits:
         """The work a conversation may cost before it is rejected (defaults derived from C)."""
-        capacity = self.max_input_seq_length
+        capacity, samples = self.packing.max_input_seq_length, self.samples
         return Limits(
-            max_text_chars=self.max_text_chars or 32 * capacity,
-            max_turns=self.max_turns or max(1, capacity // 2),
-            max_images=self.max_images or max(1, capacity // 4),
+            max_text_chars=samples.max_text_chars or 32 * capacity,
+            max_turns=samples.max_turns or max(1, capacity // 2),
+            max_images=samples.max_images or max(1, capacity // 4),
         )
 
     @property
     def vision(self) -> VisionConfig:
-        return VisionConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
-
-    def _policy(self) -> CarryPolicy:
-        return CarryPolicy(
-            max_carries=self.max_carries, min_fill=self.carry_min_fill, budget=self.carry_budget
-        )
+        """The built-in layout's image processor (``min_pixels`` / ``max_pixels`` resolved)."""
+        return self.layout.vision
 
     @property
     def carry_policy(self) -> CarryPolicy | None:
         """The carry policy, or None when carry is off (Energon's behaviour)."""
-        return self._policy() if self.carry else None
+        return self.packing.policy() if self.packing.carry else None
 
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> PackingConfig:
-        """Builds a config from a mapping (e.g. a YAML section); unknown keys raise."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown packing option(s) {', '.join(map(repr, unknown))}; valid options: "
-                f"{', '.join(sorted(known))}"
-            )
-        return cls(**values)
+    def check_path(self, path: str) -> None:
+        """Raises ``ValueError`` for a knob set (not None / its default) that does not apply
+        to ``path`` (:data:`BUILTIN` or :data:`PROCESSOR`), naming what to use instead."""
+        _choice("path", path, PATHS)
+        for knob in KNOBS:
+            value = getattr(self, knob.name)
+            if path not in knob.paths and value is not None and value != knob.default:
+                where = "tokenizer=" if path == BUILTIN else "processor="
+                raise ValueError(
+                    f"{knob.name}={value!r} does not apply with {where}: {knob.instead}"
+                )
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def settings(self) -> dict[str, Any]:
+        """The pack-deciding knobs a checkpoint must be restored with, as their effective
+        values (defaults derived from C and resolved resize bounds filled in)."""
+        resolved = {**dataclasses.asdict(self.limits)}
+        vision = self.vision
+        resolved.update(min_pixels=vision.min_pixels, max_pixels=vision.max_pixels)
+        return {k.name: resolved.get(k.name, getattr(self, k.name)) for k in KNOBS if k.decides}
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _flat(name: str, section: str) -> property:
+    return property(
+        lambda self: getattr(getattr(self, section), name),
+        doc=_BY_NAME[name].effect,
+    )
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
+KNOBS: tuple[Knob, ...] = _declared()
+_BY_NAME = {knob.name: knob for knob in KNOBS}
+for _k in KNOBS:
+    setattr(PackingConfig, _k.name, _flat(_k.name, _k.section))
+del _k
+
+
+def knob(name: str) -> Knob:
+    """The declaration of knob ``name``."""
+    return _BY_NAME[name]
+
+
+def knob_table() -> str:
+    """The README's configuration table, from the declarations (a test compares them)."""
+    rows = [
+        "| knob | section | default | decides packs | on restore | effect | related setting |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k in KNOBS:
+        rows.append(
+            f"| `{k.name}` | {k.section} | {k.default_text} | {'yes' if k.decides else 'no'} | "
+            f"{k.restore} | {k.effect} | {k.related} |"
+        )
+    return "\n".join(rows)

@@ -7,11 +7,21 @@ counts are exported as a flat ``{"packing/...": number}`` dict that a logger can
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KEYS_PER_REASON", "REASONS", "MetricsAggregator", "PackingStats", "metrics_list"]
+from energon_packing.errors import LIMIT, cut, quote
+
+__all__ = [
+    "KEYS_PER_REASON",
+    "REASONS",
+    "MetricsAggregator",
+    "PackingStats",
+    "SkipWarning",
+    "metrics_list",
+]
 
 logger = logging.getLogger("energon_packing")
 
@@ -21,12 +31,20 @@ REASONS = {
     # reading the shard sample
     "corrupt_shard": "the tar bytes of the sample are unreadable (truncated, overwritten, deleted shard)",
     "unreadable_sample": "reading the sample failed in a way no other reason names",
+    # found in the tar headers before training (energon-packing prepare --allow-losses writes
+    # them to .nv-meta/energon_packing_losses.json; see energon_packing.loader.shards)
+    "truncated_member": "a tar member cut short: the shard ends inside it (the shard was cut back to its whole samples)",
+    "lost_in_shard": "a tar member the tar walk never reaches (after a header whose size lies, after the end-of-archive blocks, or the rest of a cut sample)",
+    "duplicate_key": "the same key twice in a row in a shard: WebDataset keeps the later document, the earlier is lost",
+    "not_regular_file": "the .json member is a symlink or hardlink: Energon skips it and the sample has no other member",
+    "dotted_key": "a .json member whose key holds a dot: WebDataset cuts the key at the first dot and merges it with its neighbours",
+    "unreachable_part": "a .json member no sample holds (no key before the dot, or a __meta__ name)",
     "missing_json": "the sample has no .json part",
     "too_large": "the .json part is larger than 16 MiB (not decoded)",
     "non_utf8": "the .json part is not UTF-8",
     "malformed_json": "not JSON, not an object, nested past the recursion limit, or numbers no float holds",
     "missing_messages": "no 'messages' list",
-    "bad_loss_weight": "loss_weight (times the subflavor's) not finite, <= 0, or > 1000 (in float32)",
+    "bad_loss_weight": "loss_weight (times the subflavor's) not finite, > 1000, or below float32's smallest normal (1.2e-38; subnormals are 0 in bf16)",
     # the conversation
     "empty_conversation": "'messages' is empty",
     "malformed_message": "a message without role/content, or content of another shape",
@@ -45,7 +63,7 @@ REASONS = {
     "placeholder_mismatch": "image references and the 'images' list disagree",
     "corrupt_image": "an image whose header or pixels do not decode",
     "image_too_large": "an image over max_image_pixels (read from the header, nothing decoded)",
-    "image_aspect_ratio": "an image with an aspect ratio above 200 (Qwen2-VL refuses it)",
+    "image_aspect_ratio": "an image with an aspect ratio above 200, upright (Qwen2-VL refuses it; e.g. 1600x7 text lines)",
     "unsupported_image": "an image the processor's family cannot take, or an image for a text-only tokenizer",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",
@@ -60,7 +78,7 @@ REASONS = {
 #: Keys remembered per skip reason (the counts are exact, the key lists are samples).
 KEYS_PER_REASON = 32
 #: Characters of a key or a detail in a log line: a run's log stays small whatever data holds.
-LOGGED_CHARS = 300
+LOGGED_CHARS = LIMIT
 
 
 def metrics_list(metrics: Any) -> list[dict]:
@@ -71,8 +89,27 @@ def metrics_list(metrics: Any) -> list[dict]:
     return list(metrics) if isinstance(metrics, list) else [metrics]
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= LOGGED_CHARS else f"{text[:LOGGED_CHARS]}... ({len(text):,} chars)"
+class SkipWarning(UserWarning):
+    """The first skip of each reason in a process, when logging is not set up (so it shows
+    without any set-up; ``warnings.filterwarnings("ignore", category=SkipWarning)`` hides it)."""
+
+
+def _logging_configured() -> bool:
+    """Whether a record of the package's logger reaches a real handler (the package itself
+    adds only a ``NullHandler``, which would swallow it)."""
+    node: Any = logger
+    while node is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in node.handlers):
+            return True
+        node = node.parent if node.propagate else None
+    return False
+
+
+def _warn(message: str) -> None:
+    if _logging_configured():
+        logger.warning(message)
+    else:
+        warnings.warn(message, SkipWarning, stacklevel=3)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,15 +133,11 @@ class PackingStats:
     events: list = field(default_factory=list)
 
     def skip(self, key: str, reason: str, detail: str) -> None:
-        if not self.skipped[reason]:
-            logger.warning(
-                "skipping sample %s (%s: %s); further %r skips are counted, not logged "
-                "(PackingTaskEncoder.stats, metrics packing/skipped/%s)",
-                _cut(repr(key)),
-                reason,
-                _cut(detail),
-                reason,
-                reason,
+        if not self.skipped[reason]:  # once per reason per process (loader worker)
+            _warn(
+                f"skipping sample {quote(key)} ({reason}: {cut(detail)}); further {reason!r} "
+                f"skips are counted, not logged (PackingTaskEncoder.stats, metrics "
+                f"packing/skipped/{reason})"
             )
         self.skipped[reason] += 1
         self.events.append((key, reason))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import itertools
 import json
@@ -14,6 +13,7 @@ from megatron.energon.errors import SkipSample
 from PIL import Image
 
 from energon_packing import PackingConfig, PackingTaskEncoder
+from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, knob_table
 from energon_packing.loader.samples import ConversationSample, load_conversation
 from energon_packing.testing.synth import conversations
 
@@ -209,6 +209,20 @@ def observe_processor(**knobs):
     return out
 
 
+def observe_stop(**knobs):
+    """Whether encoding the samples (some of which are skipped) stops the worker, and why."""
+    from energon_packing.loader.task_encoder import PackingError
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=256, **knobs)
+    try:
+        for sample in SAMPLES:
+            with contextlib.suppress(SkipSample):
+                te.encode_sample(sample)
+    except PackingError as e:
+        return str(e)
+    return None
+
+
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
 # knob -> (baseline knobs, changed knobs[, observer])
 KNOB_CASES = {
@@ -242,11 +256,101 @@ KNOB_CASES = {
         {"chat_template_kwargs": {"add_vision_id": True}},  # "Picture 1: " before each image
         observe_processor,
     ),
+    "max_skips_without_pack": ({}, {"max_skips_without_pack": 2}, observe_stop),
 }
 
 
 def test_every_knob_has_a_behaviour_case():
-    assert {f.name for f in dataclasses.fields(PackingConfig)} == set(KNOB_CASES)
+    assert [k.name for k in KNOBS] == list(
+        PackingConfig.from_dict({"max_input_seq_length": 8}).to_dict()
+    )
+    assert {k.name for k in KNOBS} == set(KNOB_CASES)
+
+
+def _other_value(knob):
+    """A valid non-default value of ``knob`` (its behaviour case's changed value)."""
+    return KNOB_CASES[knob.name][1][knob.name]
+
+
+@pytest.mark.parametrize(
+    "knob, path",
+    [(k, p) for k in KNOBS for p in (BUILTIN, PROCESSOR) if p not in k.paths],
+    ids=lambda v: getattr(v, "name", v),
+)
+def test_a_knob_off_its_path_raises_naming_what_to_use(knob, path):
+    """Every knob declared for one path only raises on the other, naming the replacement."""
+    from energon_packing.testing.families import build
+
+    source = {"tokenizer": "bundled"} if path == BUILTIN else {"processor": build("qwen2_vl")[0]}
+    value = _other_value(knob)
+    with pytest.raises(ValueError, match=f"{knob.name}={value!r} does not apply") as info:
+        PackingTaskEncoder(max_input_seq_length=8192, **source, **{knob.name: value})
+    assert knob.instead and knob.instead in str(info.value)
+    PackingTaskEncoder(max_input_seq_length=8192, **source)  # and the default is accepted
+
+
+def test_processor_resize_knobs_name_the_image_processor():
+    from energon_packing.testing.families import build
+
+    processor = build("qwen2_vl")[0]
+    with pytest.raises(ValueError, match=r"processor\.image_processor\.max_pixels"):
+        PackingTaskEncoder(max_input_seq_length=8192, processor=processor, max_pixels=448 * 448)
+    with pytest.raises(ValueError, match="chat_template_kwargs=.* does not apply with tokenizer="):
+        PackingTaskEncoder(
+            max_input_seq_length=64, tokenizer="bundled", chat_template_kwargs={"a": 1}
+        )
+
+
+def test_defaults_live_once_in_the_declarations():
+    """The config, the task encoder's signature and ``from_dict`` agree on every default."""
+    import inspect
+
+    config = PackingConfig(max_input_seq_length=64)
+    signature = inspect.signature(PackingTaskEncoder.__init__).parameters
+    for knob in KNOBS:
+        assert signature[knob.name].kind is inspect.Parameter.KEYWORD_ONLY
+        if knob.required:
+            assert signature[knob.name].default is inspect.Parameter.empty
+            continue
+        assert getattr(config, knob.name) == knob.default == signature[knob.name].default
+        assert getattr(getattr(config, knob.section), knob.name) == knob.default
+    assert PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=64).config == config
+
+
+def test_the_readme_knob_table_is_the_declarations():
+    """Names, sections, defaults, the pack-deciding and restore columns: README == config."""
+    from helpers import REPO
+
+    readme = (REPO / "README.md").read_text()
+    assert knob_table() in readme, "README's knob table differs from config.knob_table()"
+    rows = [
+        line for line in readme.splitlines() if line.startswith("| `") and "| packing |" in line
+    ]
+    assert rows  # the scan finds the table (a scan that finds nothing proves nothing)
+    for knob in KNOBS:
+        assert (
+            sum(
+                line.startswith(f"| `{knob.name}` | {knob.section} |")
+                for line in readme.splitlines()
+            )
+            == 1
+        )
+
+
+def test_sections_hold_the_fields_and_flat_names_read_them():
+    config = PackingConfig(
+        max_input_seq_length=64, carry=True, max_turns=3, train_on="last_assistant"
+    )
+    assert config.packing.carry and config.carry
+    assert config.samples.max_turns == 3 == config.max_turns == config.limits.max_turns
+    assert config.layout.train_on == "last_assistant" == config.train_on
+    assert config.limits.max_images == 16 and config.vision.max_pixels == 28 * 28 * 1280
+    assert config.replace(carry=False).carry is False and config.carry
+    with pytest.raises(AttributeError):
+        config.carry = False
+    import pickle
+
+    assert pickle.loads(pickle.dumps(config)) == config
 
 
 @pytest.mark.parametrize("knob", sorted(KNOB_CASES))

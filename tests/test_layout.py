@@ -13,21 +13,47 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "energon_packing"
 
+#: adapters to other frameworks: they sit above the library, which never imports them
+ADAPTERS = ("energon_packing.nemo_rl", "energon_packing.hf", "energon_packing.megatron_bridge")
+
+
+def _other_adapters(room: str) -> tuple[str, ...]:
+    return tuple(a for a in ADAPTERS if a != f"energon_packing.{room}")
+
+
 #: room -> module prefixes it must never import (the room is the first folder under the package;
-#: top-level modules schema/config/stats form the room "core").
+#: top-level modules schema/config/stats/errors form the room "core").
 FORBIDDEN = {
     "packing": ("torch", "numpy", "megatron", "PIL", "transformers", "energon_packing."),
     "encoding": ("torch", "megatron", "energon_packing.loader", "energon_packing.trainer"),
-    "core": ("megatron", "energon_packing.loader", "energon_packing.trainer"),
-    "loader": ("energon_packing.trainer", "energon_packing.nemo_rl"),
+    "core": (
+        "megatron",
+        "energon_packing.loader",
+        "energon_packing.trainer",
+        "energon_packing.encoding",
+    ),
+    "loader": ("energon_packing.trainer",),
     "trainer": ("megatron.energon", "energon_packing.loader", "energon_packing.encoding"),
-    "nemo_rl": (),
+    # NeMo-RL's task encoder is ours, subclassed: this adapter may use the loader
+    "nemo_rl": _other_adapters("nemo_rl"),
+    # the trainer-side adapters take the contract's batches: core, schema, trainer only
+    "hf": ("megatron.energon", "energon_packing.loader", *_other_adapters("hf")),
+    "megatron_bridge": (
+        "megatron.energon",
+        "energon_packing.loader",
+        *_other_adapters("megatron_bridge"),
+    ),
     "tools": (),
     "testing": ("energon_packing.tools",),
 }
-#: nothing in the library imports the tooling or the test support
-LIBRARY = ("packing", "encoding", "core", "loader", "trainer", "nemo_rl")
-EVERYWHERE = {room: ("energon_packing.tools", "energon_packing.testing") for room in LIBRARY}
+#: nothing in the library imports the tooling, the test support, or an adapter
+LIBRARY = ("packing", "encoding", "core", "loader", "trainer", "nemo_rl", "hf", "megatron_bridge")
+BELOW_ADAPTERS = ("packing", "encoding", "core", "loader", "trainer")
+EVERYWHERE = {
+    room: ("energon_packing.tools", "energon_packing.testing")
+    + (ADAPTERS if room in BELOW_ADAPTERS else ())
+    for room in LIBRARY
+}
 #: the packing core may import itself
 ALLOWED_INSIDE = {"packing": ("energon_packing.packing",)}
 #: Energon's public surface; everything deeper is an internal, used in one module only
@@ -41,21 +67,52 @@ def modules():
     return sorted(p for p in PACKAGE.rglob("*.py"))
 
 
-def room_of(path: Path) -> str:
-    parts = path.relative_to(PACKAGE).parts
+def room_of(path: Path, root: Path = PACKAGE) -> str:
+    parts = path.relative_to(root).parts
     return parts[0] if len(parts) > 1 else "core"
 
 
-def imports_of(path: Path) -> list[str]:
-    """Every module an ``import`` anywhere in the file names (function-level ones too)."""
+def module_of(path: Path, root: Path = PACKAGE) -> str:
+    """``energon_packing.loader.energon`` for ``root/loader/energon.py`` (a package: its name)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join((root.name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def imports_of(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Every module an ``import`` anywhere in the file names (function-level ones too), with
+    relative imports resolved against the module's package (``from ..x import y`` in
+    ``energon_packing.encoding.chat`` is ``energon_packing.x``)."""
     tree = ast.parse(path.read_text())
+    package = module_of(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append(node.module)
+        elif isinstance(node, ast.ImportFrom):  # relative
+            base = ".".join(package[: len(package) - node.level + 1])
+            if node.module:
+                found.append(f"{base}.{node.module}")
+            else:  # from . import x: the submodules x
+                found += [f"{base}.{alias.name}" for alias in node.names]
     return found
+
+
+def violations(path: Path, root: Path = PACKAGE) -> list[str]:
+    """The imports of ``path`` its room forbids."""
+    room = room_of(path, root)
+    if path.name == "__init__.py" and room == "core":
+        return []  # the package's lazy public names
+    forbidden = FORBIDDEN[room] + EVERYWHERE.get(room, ())
+    allowed = ALLOWED_INSIDE.get(room, ())
+    return [
+        name
+        for name in imports_of(path, root)
+        if any(_matches(name, f) for f in forbidden) and not any(_matches(name, a) for a in allowed)
+    ]
 
 
 def _matches(name: str, prefix: str) -> bool:
@@ -66,17 +123,52 @@ def _matches(name: str, prefix: str) -> bool:
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_each_room_imports_only_what_it_may(path):
-    room = room_of(path)
-    if path.name == "__init__.py" and room == "core":
-        return  # the package's lazy public names
-    forbidden = FORBIDDEN[room] + EVERYWHERE.get(room, ())
-    allowed = ALLOWED_INSIDE.get(room, ())
-    bad = [
-        name
-        for name in imports_of(path)
-        if any(_matches(name, f) for f in forbidden) and not any(_matches(name, a) for a in allowed)
+    bad = violations(path)
+    assert not bad, f"{path.relative_to(PACKAGE)} ({room_of(path)}) imports {bad}"
+
+
+def test_every_room_has_rules():
+    assert {room_of(p) for p in modules()} <= set(FORBIDDEN)
+
+
+def test_the_checker_flags_planted_relative_and_adapter_imports(tmp_path):
+    """A test of the test: relative imports are resolved and judged by the same rules, and an
+    adapter imported below tools/ is flagged."""
+    root = tmp_path / "energon_packing"
+    planted = root / "encoding" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    (root / "encoding" / "__init__.py").write_text("from . import planted\n")
+    planted.write_text(
+        "from ..loader.task_encoder import PackingTaskEncoder\n"
+        "from ..nemo_rl import to_nemo_rl\n"
+        "from . import chat\n"
+        "def later():\n"
+        "    import energon_packing.hf.inputs\n"
+    )
+    assert imports_of(planted, root) == [
+        "energon_packing.loader.task_encoder",
+        "energon_packing.nemo_rl",
+        "energon_packing.encoding.chat",
+        "energon_packing.hf.inputs",
     ]
-    assert not bad, f"{path.relative_to(PACKAGE)} ({room}) imports {bad}"
+    assert violations(planted, root) == [
+        "energon_packing.loader.task_encoder",
+        "energon_packing.nemo_rl",
+        "energon_packing.hf.inputs",
+    ]
+    assert imports_of(root / "encoding" / "__init__.py", root) == [
+        "energon_packing.encoding.planted"
+    ]
+    core = root / "stats.py"
+    core.write_text("from .loader import energon\nfrom .megatron_bridge.batch import x\n")
+    assert violations(core, root) == [
+        "energon_packing.loader",
+        "energon_packing.megatron_bridge.batch",
+    ]
+    adapter = root / "hf" / "inputs.py"
+    adapter.parent.mkdir()
+    adapter.write_text("from ..loader.energon import x\nfrom ..schema import y\n")
+    assert violations(adapter, root) == ["energon_packing.loader.energon"]
 
 
 def test_energon_internals_live_in_one_module():
@@ -162,10 +254,41 @@ def test_every_skip_reason_is_registered_and_documented():
 
 
 def test_every_knob_is_in_the_readme_table():
-    import dataclasses
-
-    from energon_packing.config import PackingConfig
+    from energon_packing.config import KNOBS
 
     readme = (PACKAGE.parent / "README.md").read_text()
-    missing = [f.name for f in dataclasses.fields(PackingConfig) if f"| `{f.name}` |" not in readme]
+    missing = [k.name for k in KNOBS if f"| `{k.name}` |" not in readme]
     assert not missing, f"README's configuration table lacks {missing}"
+
+
+def public_surface() -> dict[str, list[str]]:
+    """The README's "Public surface" table: module -> the names it lists."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("\n## Public surface\n", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`energon_packing"):
+            table[cells[0].strip("`")] = [n.strip().strip("`") for n in cells[1].split(",")]
+    return table
+
+
+def test_the_public_surface_is_listed_once_and_exported_both_ways():
+    """Every name the README lists is exported by its module, and every name a listed module
+    exports (its ``__all__``; the package's lazy names) is listed."""
+    import energon_packing
+
+    table = public_surface()
+    assert "energon_packing" in table and len(table) >= 8
+    for name, listed in table.items():
+        module = importlib.import_module(name)
+        exported = list(energon_packing._LAZY) if name == "energon_packing" else module.__all__
+        assert sorted(listed) == sorted(exported), f"README's row for {name} != its exports"
+        missing = [n for n in listed if not hasattr(module, n)]
+        assert not missing, f"{name} does not define {missing}"
+    names = {n for listed in table.values() for n in listed}
+    internals = {"CarryPackingDataset", "TolerantReader", "PackingGuard", "compare_settings"}
+    assert not names & internals
+    from energon_packing.loader import energon
+
+    assert not set(energon.__all__) & internals

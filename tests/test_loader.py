@@ -296,3 +296,73 @@ def test_energon_info_and_lint_on_the_sample_data():
     for marker in ("Traceback", "Except ", "Validation failed", "failed:"):
         assert marker not in output, output[-2000:]
     assert "Checking the index files" in output
+
+
+@pytest.fixture(scope="module")
+def lossy_dataset(tmp_path_factory):
+    """A prepared dataset whose ``.nv-meta/`` lists two conversations lost in the shards (as
+    ``energon-packing prepare --allow-losses`` writes it)."""
+    from helpers import make_dataset
+
+    from energon_packing.loader.shards import Finding, write_losses
+    from energon_packing.testing.synth import conversations
+
+    path = make_dataset(tmp_path_factory.mktemp("lossy"), conversations(24, seed=3), per_shard=8)
+    lost = [
+        Finding(
+            shard="shards/data-00000.tar",
+            offset=512 * i,
+            key=f"ghost{i}",
+            member=f"ghost{i}.json",
+            reason="lost_in_shard",
+            detail="after a lying header",
+            lost=True,
+        )
+        for i in range(2)
+    ]
+    write_losses(path, lost, shards=3)
+    return path
+
+
+GHOSTS = [("ghost0", "lost_in_shard"), ("ghost1", "lost_in_shard")]
+
+
+def _ghosts(batches):
+    return [tuple(e) for b in batches for e in b["packing_skipped"] if e[1] == "lost_in_shard"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_losses_below_the_loader_are_reported_once(lossy_dataset, workers):
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, carry=True)
+    batches = list(loader_batches(lossy_dataset, te, buffer=8, workers=workers))
+    assert _ghosts(batches) == GHOSTS
+    assert _ghosts(batches[:1]) == GHOSTS  # the first batch of global worker 0 carries them
+    if not workers:
+        assert te.stats.skipped["lost_in_shard"] == 2
+
+
+@pytest.mark.slow
+def test_losses_are_reported_by_rank_0_only(lossy_dataset):
+    reported = []
+    for rank in range(2):
+        te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
+        reported += _ghosts(loader_batches(lossy_dataset, te, buffer=8, rank=rank, world_size=2))
+    assert reported == GHOSTS
+
+
+def test_a_restore_does_not_report_losses_twice(lossy_dataset):
+    """The first batch carries the dataset's losses; a restore after it does not repeat them,
+    a new pass (another epoch) does."""
+    knobs = dict(tokenizer="bundled", max_input_seq_length=2048)
+    te = PackingTaskEncoder(**knobs)
+    loader = loader_batches(lossy_dataset, te, buffer=8, savable=True)
+    it = iter(loader)
+    first = [next(it)]
+    assert te.stats.skipped["lost_in_shard"] == 2
+    state = loader.save_state_rank()
+    restored = loader_batches(lossy_dataset, PackingTaskEncoder(**knobs), buffer=8, savable=True)
+    restored.restore_state_rank(state)
+    assert _ghosts(first) == GHOSTS and _ghosts(restored) == []
+    again = loader_batches(lossy_dataset, PackingTaskEncoder(**knobs), buffer=8, savable=True)
+    assert _ghosts(again) == GHOSTS  # a new pass (another epoch) reports them again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
@@ -199,7 +200,7 @@ def test_every_bad_input_gets_its_outcome(bad_dataset, capfd):
     batch = next(b for b in batches if "huge_image" in b["source_ids"][0])
     k = batch["source_ids"][0].index("huge_image")
     (grid,) = batch["image_grid_thw"][0][batch["image_source_index"][0] == k].tolist()
-    assert grid[1] * grid[2] * 14 * 14 <= te.config.max_pixels
+    assert grid[1] * grid[2] * 14 * 14 <= te.config.vision.max_pixels
     # one warning per reason, never a traceback or a sample dump per sample
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Except " not in err
@@ -444,3 +445,91 @@ def test_any_group_that_fits_meets_the_contract(case, mrope):
         assert pack.media[IMAGE_GRID_THW][pack.image_source_index == k].tolist() == [
             list(g) for g in grids
         ]
+
+
+# ---- never a silent hang ---------------------------------------------------------------------
+
+
+def _train_loader(path, te, *, workers):
+    """The README's train loader: repeats forever (a loader that skips everything hangs)."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    dataset = get_train_dataset(
+        path,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+        batch_size=1,
+        packing_buffer_size=8,
+        task_encoder=te,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+    )
+    return get_loader(dataset)
+
+
+@functools.cache
+def _synth_costs() -> list[int]:
+    """The cost of each synth_dataset conversation (encoded wide enough for all)."""
+    from energon_packing.loader.samples import ConversationSample, load_conversation
+
+    wide = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=1 << 15)
+    costs = []
+    for c in conversations(120, seed=7):
+        fields = load_conversation({"json": json.dumps(c.document).encode(), **c.images})
+        sample = ConversationSample(__key__=c.key, __restore_key__=(), **fields)
+        costs.append(wide.encode_sample(sample).cost)
+    return costs
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_loader_that_packs_nothing_stops_naming_why(synth_dataset, workers):
+    """max_input_seq_length below every conversation: an error naming the reasons, their
+    counts, the cheapest conversation's cost and the width (never a loop without output)."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the loader hung")
+
+    te = PackingTaskEncoder(
+        tokenizer="bundled",
+        max_input_seq_length=16,
+        carry=True,
+        max_skips_without_pack=60,  # the default is 1,000; fewer keep the test fast
+        **{"max_turns": 64, "max_text_chars": 1 << 20, "max_images": 64},  # only overlong
+    )
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(FatalSampleError) as info:
+            next(iter(_train_loader(synth_dataset, te, workers=workers)))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        stop_workers()
+    message = str(info.value)
+    assert "skipped 60 samples and packed none (max_skips_without_pack=60)" in message
+    assert "skip reasons: overlong 60." in message and "max_input_seq_length=16" in message
+    import re
+
+    found = re.search(r"the shortest over-long conversation costs ([\d,]+) tokens", message)
+    cost = int(found.group(1).replace(",", ""))
+    assert f"raise max_input_seq_length to at least {cost} " in message and cost > 16
+    if workers:  # (slow) the cost is a real conversation's: the one of its share it read
+        assert cost in _synth_costs()
+
+
+def test_the_first_skip_of_each_reason_shows_without_logging_set_up():
+    """The package adds only a NullHandler; without any logging set-up the first skip of a
+    reason still reaches stderr (a warning), once per reason."""
+    import subprocess
+    import sys
+
+    code = (
+        "from energon_packing.stats import PackingStats\n"
+        "s = PackingStats()\n"
+        "for i in range(3):\n"
+        "    s.skip(f'k{i}', 'overlong', 'too long')\n"
+        "s.skip('t', 'too_many_turns', 'many')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.count("SkipWarning: skipping sample 'k0' (overlong: too long)") == 1
+    assert "'k1'" not in out.stderr and out.stderr.count("too_many_turns: many") == 1

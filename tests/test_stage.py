@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 from helpers import loader_batches, make_dataset
+from megatron.energon import stateless
 
-from energon_packing import PackingTaskEncoder
+from energon_packing import EncodedConversation, PackingTaskEncoder
 from energon_packing.packing.algorithms import lower_bound, pack_stream
 from energon_packing.packing.balance import (
     HISTORY,
@@ -111,19 +112,20 @@ def test_carry_exactly_once_over_ranks_and_workers(sized_dataset, workers):
     assert set(seen) == set(KEYS)
 
 
-def find(state, name):
-    """Values of a field anywhere in a (nested) loader state."""
+def find(state, name, *, parent=False):
+    """Values of a field anywhere in a (nested) loader state (``parent``: the dicts holding
+    it)."""
     if isinstance(state, dict):
         for key, value in state.items():
             if key == name:
-                yield value
-            yield from find(value, name)
+                yield state if parent else value
+            yield from find(value, name, parent=parent)
     elif isinstance(state, (list, tuple)):
         for value in state:
-            yield from find(value, name)
+            yield from find(value, name, parent=parent)
     elif dataclasses.is_dataclass(state):
         for f in dataclasses.fields(state):
-            yield from find(getattr(state, f.name), name)
+            yield from find(getattr(state, f.name), name, parent=parent)
 
 
 @pytest.mark.parametrize("balance_window", [0, 4])
@@ -230,3 +232,50 @@ def test_carry_and_balance_knobs_validate():
         PackingTaskEncoder(
             tokenizer="bundled", max_input_seq_length=64, carry=True, carry_budget=1.5
         )
+
+
+class HalvingTaskEncoder(PackingTaskEncoder):
+    """A subclass with Energon's ``postencode_sample`` hook: halves each member's loss weight."""
+
+    @stateless
+    def postencode_sample(self, sample):
+        assert isinstance(sample, EncodedConversation), type(sample).__name__  # before the pack
+        sample.token_mask = sample.token_mask * 0.5
+        return sample
+
+
+@pytest.mark.parametrize("carry", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_postencode_sample_runs_on_each_member_before_its_pack(sized_dataset, carry):
+    """As Energon's PackingDataset does (carry=False), so does the carry stage: a subclass's
+    postencode_sample sees each member before pack_selected_samples, once; and a restore
+    (its sample index is saved) goes on with the same packs."""
+    knobs = dict(max_input_seq_length=CAPACITY, tokenizer="bundled", carry=carry)
+    base = list(itertools.islice(loader_batches(sized_dataset, PackingTaskEncoder(**knobs)), 5))
+    loader = loader_batches(sized_dataset, HalvingTaskEncoder(**knobs), savable=True)
+    halved = list(itertools.islice(iter(loader), 3))
+    state = loader.save_state_rank()
+    halved += list(itertools.islice(loader, 2))
+    assert packs_of(halved) == packs_of(base)
+    for a, b in zip(base, halved):
+        assert torch.equal(b["token_mask"], a["token_mask"] * 0.5)
+    restored = loader_batches(sized_dataset, HalvingTaskEncoder(**knobs), savable=True)
+    restored.restore_state_rank(state)
+    again = list(itertools.islice(restored, 2))
+    assert packs_of(again) == packs_of(halved[3:])
+    assert all(torch.equal(a["token_mask"], b["token_mask"]) for a, b in zip(again, halved[3:]))
+
+
+def test_the_carry_stage_saves_what_energons_packing_dataset_saves(sized_dataset):
+    from megatron.energon.wrappers import PackingDataset
+
+    from energon_packing.loader.energon import CarryPackingDataset
+
+    assert set(PackingDataset._savable_fields) < set(CarryPackingDataset._savable_fields)
+    knobs = dict(max_input_seq_length=CAPACITY, tokenizer="bundled", carry=True, balance_window=4)
+    loader = loader_batches(sized_dataset, PackingTaskEncoder(**knobs), savable=True)
+    it = iter(loader)
+    next(it), next(it)
+    (stage,) = find(loader.save_state_rank(), "_loop_state", parent=True)
+    assert stage["__class__"] == "CarryPackingDataset"
+    assert set(PackingDataset._savable_fields) <= set(stage)
+    assert stage["_pre_packing_lengths"] == stage["_loop_state"]["pending"] != []

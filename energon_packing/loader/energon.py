@@ -22,14 +22,20 @@ silent no-op.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Protocol
 
-from megatron.energon.flavors.base_dataset import SavableDataset, set_sample_restore_key
+from megatron.energon import TaskEncoder
+from megatron.energon.flavors.base_dataset import (
+    SavableDataset,
+    add_sample_restore_key,
+    set_sample_restore_key,
+)
 from megatron.energon.flavors.webdataset.itar_reader import ITarReader
 from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
 from megatron.energon.state import FlexState
@@ -38,20 +44,16 @@ from megatron.energon.wrappers import PackingDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset, get_sample_restore_key
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
+from energon_packing.config import MAY_CHANGE, MAY_RAISE, MUST_EQUAL
+from energon_packing.errors import describe
 from energon_packing.packing.stream import LoopState, PackingLoop, Selector
 
 __all__ = [
     "ENERGON_VERSION",
     "SUPPORTED_ENERGON",
-    "CarryPackingDataset",
     "EnergonCompatibilityError",
-    "PackingGuard",
     "RestoreMismatchError",
-    "TolerantReader",
     "check_energon",
-    "compare_settings",
-    "make_tolerant",
-    "saved_num_workers",
 ]
 
 ENERGON_VERSION = version("megatron-energon")
@@ -65,6 +67,8 @@ _INTERNALS: tuple[tuple[type, str, str], ...] = (
     (PackingDataset, "_pre_packing_sample_index", "the carry stage's select index"),
     (PackingDataset, "_final_packing_sample_index", "the carry stage's pack index"),
     (PackingDataset, "_sample_encoder_sample_index", "the carry stage's checkpoint"),
+    (PackingDataset, "_pre_packing_lengths", "the carry stage's checkpoint"),
+    (PackingDataset, "_sample_encoder_failure_handler", "the carry stage's postencode_sample"),
     (PackingDataset, "_final_pack_failure_handler", "the carry stage's error handling"),
     (PackingDataset, "_savable_fields", "the carry stage's checkpoint"),
     (PackingDataset, "reset_state_own", "the carry stage's state"),
@@ -143,6 +147,11 @@ class _EnergonBuffer:
 class CarryPackingDataset(PackingDataset):
     """``PackingDataset`` with carry and (optionally) rank-balanced emission.
 
+    It saves every field ``PackingDataset`` saves (``_pre_packing_lengths`` is the loop's
+    ``pending``) plus the loop's counters, and runs a ``sample_encoder`` (the task encoder's
+    ``postencode_sample``) on each member of a pack before ``final_packer``, as
+    ``PackingDataset`` does, with its restore keys.
+
     Args:
         dataset: The encoded samples.
         buffer_size: The reading buffer (plus, without balancing, the pending packs) never
@@ -153,15 +162,11 @@ class CarryPackingDataset(PackingDataset):
         pack_cost: Attention cost of a group, for balanced emission.
         balance_window: Pool of selected packs to choose from (0: emit in selection order).
         balance_seed: Seed of the shared target sequence (the same on every rank).
+        sample_encoder: Run on each member of a pack before ``final_packer``.
+        sample_encoder_stateless: Whether ``sample_encoder`` is ``@stateless`` (restorable).
     """
 
-    _savable_fields = (
-        "_reading_buffer",
-        "_pre_packing_buffer",
-        "_pre_packing_sample_index",
-        "_final_packing_sample_index",
-        "_loop_state",
-    )
+    _savable_fields = (*PackingDataset._savable_fields, "_loop_state")
 
     def __init__(
         self,
@@ -173,8 +178,11 @@ class CarryPackingDataset(PackingDataset):
         pack_cost: Callable[[list], int],
         balance_window: int = 0,
         balance_seed: int = 0,
+        sample_encoder: Callable | None = None,
+        sample_encoder_stateless: bool = False,
         worker_config: WorkerConfig,
         final_packer_failure_tolerance: int = 100,
+        sample_encoder_failure_tolerance: int = 100,
     ):
         check_energon()
         self.selector = selector
@@ -192,12 +200,31 @@ class CarryPackingDataset(PackingDataset):
             final_packer=final_packer,
             final_packer_stateless=True,
             final_packer_failure_tolerance=final_packer_failure_tolerance,
+            sample_encoder=sample_encoder,
+            sample_encoder_stateless=sample_encoder_stateless,
+            sample_encoder_failure_tolerance=sample_encoder_failure_tolerance,
             worker_config=worker_config,
         )
 
     def reset_state_own(self) -> None:
-        super().reset_state_own()
         self.state = LoopState()
+        super().reset_state_own()
+
+    def restore_state(self, state: Any) -> None:
+        if state is not None and "_pre_packing_lengths" not in state:  # saved by release 0.2
+            loop = state["_loop_state"]
+            state = FlexState({**state, "_pre_packing_lengths": list(loop["pending"])})
+            state.setdefault("_sample_encoder_sample_index", 0)
+        super().restore_state(state)
+
+    @property
+    def _pre_packing_lengths(self) -> list[int]:
+        """``PackingDataset``'s sizes of the pending groups: the loop's ``pending``."""
+        return self.state.pending
+
+    @_pre_packing_lengths.setter
+    def _pre_packing_lengths(self, value: list[int]) -> None:
+        self.state.pending = list(value)
 
     @property
     def _loop_state(self) -> dict:
@@ -218,11 +245,28 @@ class CarryPackingDataset(PackingDataset):
         self._reading_buffer.worker_start()
         self._pre_packing_buffer.worker_start()
         for members in self.loop.run(iter(self.dataset), reading, pending, self.state):
+            members = self._encode(members)
+            if not members:
+                continue
             member_keys = tuple(get_sample_restore_key(s) for s in members)
             with self._final_pack_failure_handler.handle_errors(members):
                 with self._final_packing_sample_index.ctx() as pack_index:
                     packed = self.final_packer(members)
                 yield set_sample_restore_key(packed, pack_index, *member_keys, src=self)
+
+    def _encode(self, members: list) -> list:
+        """``sample_encoder`` on each member, as ``PackingDataset`` runs it (a skipped member
+        leaves the pack; the index goes into the restore key so a restore re-runs it)."""
+        if self.sample_encoder is None:
+            return members
+        encoded = []
+        for sample in members:
+            with self._sample_encoder_failure_handler.handle_errors(sample):
+                with self._sample_encoder_sample_index.ctx() as index:
+                    result = self.sample_encoder(sample)
+                self._sample_encoder_failure_handler.reset()
+                encoded.append(add_sample_restore_key(result, index, src=self))
+        return encoded
 
     def config(self) -> dict[str, Any]:
         return {
@@ -240,16 +284,28 @@ class RestoreMismatchError(ValueError):
     """A checkpoint restored into settings that change what is packed."""
 
 
-def compare_settings(saved: dict, current: dict) -> None:
-    """Raises :class:`RestoreMismatchError` naming the first setting whose value changed."""
-    for name in current:
-        if name in saved and saved[name] != current[name]:
-            raise RestoreMismatchError(
-                f"the checkpoint was saved with {name}={saved[name]!r}, this loader has "
-                f"{name}={current[name]!r}: packs depend on it, so the run would continue with "
-                f"other packs than it started with. Restore with {name}={saved[name]!r}, or "
-                f"start without restoring"
-            )
+def compare_settings(
+    saved: Mapping[str, Any], current: Mapping[str, Any], rules: Mapping[str, str] | None = None
+) -> None:
+    """Raises :class:`RestoreMismatchError` naming the first setting whose change its rule
+    (``rules[name]``, :data:`~energon_packing.config.MUST_EQUAL` when absent) forbids; a
+    setting the checkpoint does not hold (an older release saved it) is not compared."""
+    rules = rules or {}
+    for name, value in current.items():
+        if name not in saved:
+            continue
+        old, rule = saved[name], rules.get(name, MUST_EQUAL)
+        if rule == MAY_CHANGE or old == value:
+            continue
+        if rule == MAY_RAISE and old is not None and value is not None and value >= old:
+            continue
+        fix = f"{name}={old!r}" + (" or higher" if rule == MAY_RAISE else "")
+        raise RestoreMismatchError(
+            f"the checkpoint was saved with {name}={old!r}, this loader has {name}={value!r}: "
+            f"it decides the packs ({name} {rule} on restore), so the run would go on with other "
+            f"packs than it started with, or a conversation waiting in the restored buffer "
+            f"would now be refused. Restore with {fix}, or start without restoring"
+        )
 
 
 def saved_num_workers(state: Any) -> int:
@@ -259,49 +315,102 @@ def saved_num_workers(state: Any) -> int:
     return 0 if len(states) == 1 and isinstance(states[0], FlexState) else len(states)
 
 
-class PackingGuard(BaseWrapperDataset):
-    """The task encoder's batches, as Energon iterates them, with two additions.
+class LossReport(Protocol):
+    """Samples lost below the loader (``prepare --allow-losses``) that the skip report owes:
+    ``owed`` until :meth:`flush` records them in the worker's accounting."""
 
+    owed: bool
+
+    def flush(self) -> None: ...
+
+
+class PackingGuard(BaseWrapperDataset):
+    """The task encoder's batches, as Energon iterates them, with three additions.
+
+    * Its saved state holds the packing settings; restoring into settings that change the
+      packs raises :class:`RestoreMismatchError` before anything inside is restored, so before
+      Energon re-reads a buffered sample (``SavableSampleBuffer`` re-reads at ``worker_start``).
+    * Global worker 0 of rank 0 reports the dataset's losses (``losses``) in its first batch,
+      once per pass; whether it has is saved, so a restore never reports them twice.
     * At the end of a worker's stream, one more batch if skips are left that no batch carried
       (``tail()``: an accounting-only batch of zero rows), so every skip reaches the trainer.
-    * Its saved state holds the packing settings; restoring into other settings raises
-      :class:`RestoreMismatchError` before anything inside is restored.
     """
 
-    _savable_fields = ("_settings",)
+    _savable_fields = ("_settings", "_losses_reported")
 
     def __init__(
         self,
         dataset: SavableDataset,
         *,
         settings: dict,
+        rules: Mapping[str, str] | None = None,
         tail: Callable[[], Any] | None,
+        losses: LossReport | None = None,
         worker_config: WorkerConfig,
     ):
         super().__init__(dataset, worker_config=worker_config)
         self.settings = dict(settings)
+        self.rules = dict(rules or {})
         self.tail = tail
+        self.losses = losses
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
         self._settings = dict(self.settings)
+        self._losses_reported = False
 
     def restore_state(self, state: Any) -> None:
         if state is not None and "_settings" in state:
-            compare_settings(dict(state["_settings"]), self.settings)
+            compare_settings(dict(state["_settings"]), self.settings, self.rules)
+        if state is not None and "_losses_reported" not in state:  # saved by release 0.2
+            state = FlexState({**state, "_losses_reported": False})
         super().restore_state(state)
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         return self.dataset.len_worker(worker_idx)
 
+    def _reports_losses(self) -> bool:
+        config = self.worker_config
+        return self.losses is not None and config.rank == 0 and config.rank_worker_id() == 0
+
     def __iter__(self) -> Iterator[Any]:
-        yield from self.dataset
+        losses = self.losses if self._reports_losses() else None
+        if losses is not None:
+            losses.owed = not self._losses_reported
+        for batch in self.dataset:
+            if losses is not None:
+                self._losses_reported = not losses.owed
+            yield batch
+        if losses is not None and losses.owed:  # no batch of this worker carried them
+            losses.flush()
+            self._losses_reported = True
         extra = self.tail() if self.tail is not None else None
         if extra is not None:
             yield extra
+        self._losses_reported = False  # the next pass is another epoch
 
     def config(self) -> dict[str, Any]:
         return {"type": type(self).__qualname__, "dataset": self.dataset.config(), **self.settings}
+
+
+@contextlib.contextmanager
+def without_postencode(task_encoder: TaskEncoder) -> Iterator[None]:
+    """While active, Energon's ``build_batch`` sees ``postencode_sample`` as not overridden
+    (it decides by the bound method's function), so it does not map it over the packs again
+    after the carry stage has run it on each member."""
+    task_encoder.postencode_sample = TaskEncoder.postencode_sample.__get__(task_encoder)
+    try:
+        yield
+    finally:
+        del task_encoder.postencode_sample
+
+
+def postencoder(task_encoder: TaskEncoder) -> Callable | None:
+    """The task encoder's ``postencode_sample`` if a subclass overrides it (what Energon's
+    ``build_batch`` hands its ``PackingDataset`` as ``sample_encoder``), else None."""
+    method = task_encoder.postencode_sample
+    own = getattr(method, "__func__", None)
+    return None if own is TaskEncoder.postencode_sample else method
 
 
 # ---- corrupt shards --------------------------------------------------------------------------
@@ -328,7 +437,7 @@ class TolerantReader:
                 "__shard__": shard,
                 "__restore_key__": ("Webdataset", index),
                 "__sources__": (),
-                "__corrupt__": f"{shard}: {type(e).__name__}: {e}",
+                "__corrupt__": f"{shard}: {describe(e)}",
             }
 
     def _shard(self, index: int) -> str:

@@ -55,9 +55,10 @@ def restore_state_rank(loader: Any, state: Any) -> None:
     """``loader.restore_state_rank(state)``, after checking that the checkpoint comes from a
     loader with the same ``num_workers`` (packing is per worker, so packs depend on it).
 
-    Energon itself refuses a changed worker count with a bare ``AssertionError``; every other
-    packing setting (capacity, pad_multiple, algorithm, carry and its knobs, balance_window,
-    buffer size, world size) is checked by the loader's own restore, whichever way it is called.
+    Energon itself refuses a changed worker count with a bare ``AssertionError``; everything
+    else that decides the packs (every knob :data:`~energon_packing.config.KNOBS` marks so, the
+    chat layout's fingerprint, buffer size, world size) is checked by the loader's own restore,
+    whichever way it is called, before any buffered sample is re-read.
     """
     from energon_packing.loader.energon import compare_settings, saved_num_workers
 

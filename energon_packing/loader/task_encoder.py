@@ -17,22 +17,30 @@ Use::
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import re
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from megatron.energon import Cooker, TaskEncoder, WorkerConfig, stateless
 from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the one Energon catches
 
-from energon_packing.config import PackingConfig
+from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig
 from energon_packing.encoding import make_chat
-from energon_packing.encoding.chat import OverlongError, Skip, brief
+from energon_packing.encoding.chat import OverlongError, Skip
 from energon_packing.encoding.images import ImageError
+from energon_packing.errors import describe, quote
 from energon_packing.loader.energon import (
     CarryPackingDataset,
     PackingGuard,
     check_energon,
     make_tolerant,
+    postencoder,
+    without_postencode,
 )
 from energon_packing.loader.samples import (
     ConversationSample,
@@ -40,7 +48,7 @@ from energon_packing.loader.samples import (
     PackedSample,
     cook_conversation,
 )
-from energon_packing.packing.algorithms import DEFAULT_ALGORITHM, round_up, select_packs
+from energon_packing.packing.algorithms import round_up, select_packs
 from energon_packing.packing.balance import attention_cost
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
@@ -59,26 +67,41 @@ __all__ = ["MAX_CONSECUTIVE_ERRORS", "PackingError", "PackingTaskEncoder"]
 
 logger = logging.getLogger("energon_packing")
 
+
 #: Unexpected errors in a row (a bug, not bad data) after which the loader stops.
 MAX_CONSECUTIVE_ERRORS = 100
-#: Knobs (and loader settings) a checkpoint must be restored with: they decide the packs.
-PACKING_SETTINGS = (
-    "max_input_seq_length",
-    "pad_multiple",
-    "algorithm",
-    "max_per_pack",
-    "seed",
-    "delta",
-    "carry",
-    "max_carries",
-    "carry_min_fill",
-    "carry_budget",
-    "balance_window",
-)
+#: Restore rule of each knob, from its declaration (loader settings: must equal).
+RESTORE_RULES = {knob.name: knob.restore for knob in KNOBS}
+#: ``"... N tokens (COST padded to ..."``: the cost in an ``overlong`` skip's detail
+_OVERLONG_COST = re.compile(r"\((\d+) padded to pad_multiple")
 
 
 class PackingError(FatalSampleError):
     """Stops the loader (Energon does not swallow it): a sample the configuration forbids."""
+
+
+class _Losses:
+    """The dataset's samples lost below the loader (``prepare --allow-losses`` lists them in
+    ``.nv-meta/``), owed to the skip report until :meth:`flush` (see ``PackingGuard``)."""
+
+    def __init__(self, entries: list[tuple[str, str, str]], stats_of: Any):
+        self.entries = entries
+        self.stats_of = stats_of  # the task encoder: its ``stats`` may be replaced
+        self.owed = False
+
+    def flush(self) -> None:
+        if self.owed:
+            self.owed = False
+            for key, reason, detail in self.entries:
+                self.stats_of.stats.skip(key, reason, detail)
+
+
+def _dataset_losses(datasets: Any) -> list[tuple[str, str, str]]:
+    """Every loss listed in the prepared datasets' ``.nv-meta/`` (each path once)."""
+    from energon_packing.loader.shards import load_losses  # only when a dataset is built
+
+    paths = {str(p): None for d in datasets or () if (p := getattr(d.dataset, "path", None))}
+    return [entry for path in paths for entry in load_losses(Path(path))]
 
 
 class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, PackedSample, dict]):
@@ -89,18 +112,17 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     (its chat template, image tokens and pixels; :mod:`energon_packing.encoding.processor`).
 
     Args:
-        max_input_seq_length: Pack width C; every pack is exactly C tokens wide.
         tokenizer: For the built-in layout: a Hugging Face tokenizer or processor, a
             ``tokenizers.Tokenizer`` or a local path (never downloads); ``"bundled"`` is the
             package's 1,633-token demo tokenizer (sample data, tests).
         processor: Instead of ``tokenizer``: a ``transformers`` processor of a supported family
             (or a tokenizer with a chat template, for text-only models), or a local directory
             holding one.
-        pad_multiple: Each conversation is padded to a multiple of this.
-        algorithm: Packing algorithm (``energon_packing.packing.ALGORITHMS``).
-        overlong: ``"drop"``, ``"truncate"`` or ``"error"`` for conversations longer than C.
-        max_per_pack: At most this many conversations per pack.
-        **options: Any other :class:`~energon_packing.config.PackingConfig` knob.
+        **knobs: Every :class:`~energon_packing.config.PackingConfig` knob by its flat name
+            (``max_input_seq_length`` is required; :data:`~energon_packing.config.KNOBS` and
+            the README's configuration table list them). A knob that does not apply to the
+            chosen path (``min_pixels`` with ``processor=``, ``chat_template_kwargs`` with
+            ``tokenizer=``) raises, naming what to use instead.
     """
 
     #: Images stay compressed until their pack is emitted: no Energon-side decoding.
@@ -108,35 +130,21 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     #: For crude datasets (``__class__: CrudeWebdataset`` in the dataset yaml).
     cookers = (Cooker(cook_conversation),)
 
-    def __init__(
-        self,
-        *,
-        max_input_seq_length: int,
-        tokenizer: Any = None,
-        processor: Any = None,
-        pad_multiple: int = 1,
-        algorithm: str = DEFAULT_ALGORITHM,
-        overlong: str = "drop",
-        max_per_pack: int | None = None,
-        **options: Any,
-    ):
+    def __init__(self, *, tokenizer: Any = None, processor: Any = None, **knobs: Any):
         check_energon()
-        self.config = PackingConfig.from_dict(
-            dict(
-                max_input_seq_length=max_input_seq_length,
-                pad_multiple=pad_multiple,
-                algorithm=algorithm,
-                overlong=overlong,
-                max_per_pack=max_per_pack,
-                **options,
-            )
-        )
+        self.config = PackingConfig.from_dict(knobs)
+        self.config.check_path(BUILTIN if processor is None else PROCESSOR)
         self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
         #: the built-in layout's tokenizer (None on a processor path)
         self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
         self.stats = PackingStats()
         self._buffer_size: int | None = None  # set by build_batch
         self._errors_in_a_row = 0
+        self._landed = 0  # conversations this worker put into a pack or a row
+        self._cheapest_overlong: int | None = None  # cost of the shortest over-long one
+        #: the train datasets' losses (prepare --allow-losses), owed to the skip report
+        self._loss_reports: list[_Losses] = []
+        self._pending_losses: _Losses | None = None  # set while build_train_datasets runs
 
     @classmethod
     def from_config(
@@ -180,7 +188,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 config=self.config,
             )
         except Skip as e:
-            self.stats.skip(key, e.reason, e.detail)
+            self._skip(key, e.reason, e.detail, cost=getattr(e, "cost", None))
             raise SkipSample() from None
         except OverlongError as e:
             raise PackingError(str(e)) from None
@@ -243,15 +251,36 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return attention_cost([s.length for s in samples])
 
     def build_train_datasets(self, **kwargs: Any) -> Any:
-        """Energon's pipeline, with every shard reader made tolerant of corrupt bytes."""
-        dataset = super().build_train_datasets(**kwargs)
+        """Energon's pipeline, with every shard reader made tolerant of corrupt bytes and the
+        losses ``prepare --allow-losses`` listed owed to the skip report."""
+        self._pending_losses = _Losses(_dataset_losses(kwargs.get("datasets")), self)
+        try:
+            dataset = super().build_train_datasets(**kwargs)
+        finally:
+            self._pending_losses = None
         make_tolerant(dataset)
         return dataset
 
     def build_val_datasets(self, **kwargs: Any) -> Any:
+        """As :meth:`build_train_datasets`; the losses list covers the train split (only the
+        train loader reports it)."""
         dataset = super().build_val_datasets(**kwargs)
         make_tolerant(dataset)
         return dataset
+
+    def restore_settings(self, *, packing_buffer_size: int | None, worker_config: Any) -> dict:
+        """What a checkpoint must be restored with: the pack-deciding knobs (effective values),
+        the chat layout's fingerprint (processor, chat template, special ids) and the loader
+        settings packs depend on."""
+        return {
+            **self.config.settings(),
+            "mrope": self.mrope,  # the effective one (None: the family's own)
+            "chat_fingerprint": getattr(self.chat, "fingerprint", None),
+            "packing_buffer_size": packing_buffer_size,
+            "num_workers": worker_config.num_workers,
+            "world_size": worker_config.world_size,
+            "rank": worker_config.rank,
+        }
 
     def build_batch(
         self,
@@ -266,14 +295,12 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         guard that ends each worker's stream with its leftover skips and checks restores."""
         self._buffer_size = packing_buffer_size
         config = self.config
-        settings = {name: getattr(config, name) for name in PACKING_SETTINGS}
-        settings.update(
-            packing_buffer_size=packing_buffer_size,
-            num_workers=worker_config.num_workers,
-            world_size=worker_config.world_size,
-            rank=worker_config.rank,
+        settings = self.restore_settings(
+            packing_buffer_size=packing_buffer_size, worker_config=worker_config
         )
-        if packing_buffer_size is not None and (config.carry or config.balance_window):
+        own_stage = packing_buffer_size is not None and (config.carry or config.balance_window)
+        if own_stage:
+            post = postencoder(self)  # Energon's PackingDataset runs it before each pack
             dataset = CarryPackingDataset(
                 dataset,
                 packing_buffer_size,
@@ -282,20 +309,28 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 pack_cost=self.pack_cost,
                 balance_window=config.balance_window,
                 balance_seed=config.seed,
+                sample_encoder=post,
+                sample_encoder_stateless=post is None or getattr(post, "__stateless__", False),
                 worker_config=worker_config,
             )
             packing_buffer_size = None
-        batches = super().build_batch(
-            dataset,
-            batch_size=batch_size,
-            batch_drop_last=batch_drop_last,
-            packing_buffer_size=packing_buffer_size,
-            worker_config=worker_config,
-        )
+        with without_postencode(self) if own_stage else contextlib.nullcontext():
+            batches = super().build_batch(
+                dataset,
+                batch_size=batch_size,
+                batch_drop_last=batch_drop_last,
+                packing_buffer_size=packing_buffer_size,
+                worker_config=worker_config,
+            )
+        losses = self._pending_losses if batch_size is not None else None
+        if losses is not None:
+            self._loss_reports.append(losses)
         return PackingGuard(
             batches,
             settings=settings,
+            rules=RESTORE_RULES,
             tail=self._tail if batch_size is not None else None,
+            losses=losses,
             worker_config=worker_config,
         )
 
@@ -320,6 +355,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             self._unexpected([source.key for source in sources], "pack_error", e)
             raise SkipSample() from None
         self._errors_in_a_row = 0
+        self._landed += len(sources)
         self.stats.add_pack(sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.width)
         return PackedSample(
             __key__="+".join(pack.source_ids),
@@ -350,6 +386,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         batch[RESTORE_KEY] = ()
         active = WorkerConfig.active_worker_config
         self.stats.worker = active.rank_worker_id() if active is not None else 0
+        for losses in self._loss_reports:  # owed only by global worker 0 of rank 0, once a pass
+            losses.flush()
         batch[PACKING_METRICS] = self.stats.metrics()
         batch[PACKING_SKIPPED] = self.stats.drain()
         return batch
@@ -377,7 +415,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 config=self.config,
             )
         except ImageError as e:
-            self.stats.skip(sample.__key__, e.reason, str(e))
+            self._skip(sample.__key__, e.reason, str(e))
         except Exception as e:  # a bug (or a processor that disagrees with its size rule)
             self._unexpected([sample.__key__], "source_error", e)
         return None
@@ -395,6 +433,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         """One padded row per conversation, all as wide as the longest (rounded up)."""
         sources = self._sources(samples)
         multiple = self.config.pad_multiple
+        self._landed += len(sources)
         width = round_up(max(len(s.input_ids) for s in sources), multiple)
         return [
             layout([s], width=width, pad_multiple=multiple, pad_id=self.pad_id) for s in sources
@@ -403,12 +442,63 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     def _unexpected(self, keys: list[str], reason: str, error: Exception) -> None:
         """Skips ``keys`` under ``reason`` and counts ONE unexpected error (a failed pack is one
         failure, however many members it had; data skips are never counted)."""
-        detail = f"{type(error).__name__}: {str(error)[:300]}"
-        for key in keys:
-            self.stats.skip(key, reason, detail)
+        detail = describe(error)
         self._errors_in_a_row += 1
         if self._errors_in_a_row >= MAX_CONSECUTIVE_ERRORS:
+            for key in keys:
+                self.stats.skip(key, reason, detail)
             raise PackingError(
-                f"{self._errors_in_a_row} unexpected errors in a row (last {brief(keys[-1])}: "
+                f"{self._errors_in_a_row} unexpected errors in a row (last {quote(keys[-1])}: "
                 f"{detail}); this looks like a bug or a broken dataset, not bad samples"
             ) from error
+        for key in keys:
+            self._skip(key, reason, detail)
+
+    def _skip(self, key: str, reason: str, detail: str, *, cost: int | None = None) -> None:
+        """Counts a skip; stops the worker if it has skipped ``max_skips_without_pack``
+        samples and put none into a pack (a loader that would otherwise loop forever)."""
+        self.stats.skip(key, reason, detail)
+        if reason == "overlong":
+            found = _OVERLONG_COST.search(detail) if cost is None else None
+            cost = int(found.group(1)) if found else cost
+            if cost is not None:
+                self._cheapest_overlong = min(cost, self._cheapest_overlong or cost)
+        limit = self.config.max_skips_without_pack
+        skipped = sum(self.stats.skipped.values())
+        if limit is not None and not self._landed and skipped >= limit:
+            raise PackingError(self._nothing_packed(skipped))
+
+    def _nothing_packed(self, skipped: int) -> str:
+        config = self.config
+        capacity = config.max_input_seq_length
+        reasons = ", ".join(f"{r} {n:,}" for r, n in Counter(self.stats.skipped).most_common())
+        worker = f"worker {self.stats.worker}" if self.stats.worker else "this loader worker"
+        text = (
+            f"{worker} skipped {skipped:,} samples and packed none (max_skips_without_pack="
+            f"{config.max_skips_without_pack}); skip reasons: {reasons}. max_input_seq_length="
+            f"{capacity}"
+        )
+        if self._cheapest_overlong is not None:
+            text += (
+                f"; the shortest over-long conversation costs {self._cheapest_overlong:,} "
+                f"tokens: raise max_input_seq_length to at least {self._cheapest_overlong} "
+                f"(or overlong='truncate')"
+            )
+        return text + ". Fix the data or the knobs, or set max_skips_without_pack=None"
+
+
+def _signature() -> inspect.Signature:
+    """``PackingTaskEncoder(*, tokenizer, processor, <every knob>)``, from the declarations."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("tokenizer", keyword, default=None),
+        inspect.Parameter("processor", keyword, default=None),
+    ]
+    for knob in KNOBS:
+        default = inspect.Parameter.empty if knob.required else knob.default
+        params.append(inspect.Parameter(knob.name, keyword, default=default))
+    return inspect.Signature(params)
+
+
+PackingTaskEncoder.__init__.__signature__ = _signature()
