@@ -466,9 +466,6 @@ def test_check_field_map_names_the_field_the_part_and_the_key():
 
 
 @pytest.mark.energon
-@pytest.mark.xfail(
-    strict=False, reason="needs guard_field_map wired into loader/energon.py (helper A)"
-)
 def test_a_field_map_naming_an_absent_part_stops_at_the_first_sample(tmp_path):
     from megatron.energon.errors import FatalSampleError
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from energon_packing.config import Limits
 from energon_packing.encoding.images import ImageError, may_be_image, probe
+from energon_packing.errors import quote
 from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
@@ -62,24 +64,8 @@ MIN_LOSS_WEIGHT = float(np.finfo(np.float32).tiny)
 
 
 def brief(value: Any, limit: int = BRIEF) -> str:
-    """``repr(value)`` cut to ``limit`` characters: data never floods a message or a log."""
-    text = repr(value) if len(str(value)) <= 4 * limit else repr(str(value)[: 4 * limit])
-    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(str(value)):,} chars)"
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Limits:
-    """Work a conversation may cost before it is rejected, checked before any tokenizing.
-
-    Attributes:
-        max_text_chars: Characters of text over all messages.
-        max_turns: Messages.
-        max_images: Images referenced (and listed).
-    """
-
-    max_text_chars: int
-    max_turns: int
-    max_images: int
+    """:func:`energon_packing.errors.quote` at the shorter limit of a skip detail."""
+    return quote(value, limit)
 
 
 class Skip(Exception):

@@ -26,6 +26,8 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image
 
+from energon_packing.errors import describe
+
 __all__ = ["NOT_IMAGE_SUFFIXES", "ImageError", "decode", "may_be_image", "probe"]
 
 #: Part-name suffixes that are never read as images (text, tensors, audio, video, archives):
@@ -157,9 +159,7 @@ def _opened(data: bytes, max_pixels: int | None):
                 f"cannot allow it unless PIL.Image.MAX_IMAGE_PIXELS is raised as well",
             ) from None
         except Exception as e:  # PIL raises several types for bad headers
-            raise ImageError(
-                "corrupt_image", f"image header unreadable ({type(e).__name__}: {str(e)[:200]})"
-            ) from None
+            raise ImageError("corrupt_image", f"image header unreadable ({describe(e)})") from None
         with image:
             yield image
 
@@ -184,9 +184,7 @@ def decode(
             opened.load()  # frame 0: a freshly opened image is there (SPIDER refuses seek(0))
             image = _to_rgb(opened, high_bit_depth)
         except Exception as e:
-            raise ImageError(
-                "corrupt_image", f"image does not decode ({type(e).__name__}: {str(e)[:200]})"
-            ) from None
+            raise ImageError("corrupt_image", f"image does not decode ({describe(e)})") from None
     # after conversion: 3 bytes a pixel to move, and the result owns its pixels
     return image.transpose(_TRANSPOSE[orientation]) if orientation != 1 else image
 

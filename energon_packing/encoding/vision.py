@@ -14,18 +14,16 @@ RGB with alpha composited on white, PIL bicubic resize, ``float64 * 1/255 -> flo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
+from energon_packing.config import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 from energon_packing.encoding.chat import Skip
 from energon_packing.encoding.images import ImageError, decode
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-DEFAULT_MIN_PIXELS = 56 * 56
-DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 #: The largest long side / short side ratio Qwen2-VL's ``smart_resize`` takes.
 MAX_ASPECT_RATIO = 200
 
@@ -39,44 +37,6 @@ __all__ = [
     "smart_resize",
     "tokens_for",
 ]
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class VisionConfig:
-    """The image processor's knobs (Qwen2-VL's names and defaults).
-
-    Attributes:
-        min_pixels: Images are upscaled to at least this many pixels.
-        max_pixels: ... and downscaled to at most this many.
-        patch_size: Side of a vision patch in pixels.
-        merge_size: Patches merged per side into one LLM token (2x2 -> 1).
-        temporal_patch_size: A still image is repeated this many times in time.
-    """
-
-    min_pixels: int = DEFAULT_MIN_PIXELS
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.min_pixels > self.max_pixels:
-            raise ValueError(
-                f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})"
-            )
-
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
-
-    @property
-    def patch_dim(self) -> int:
-        """Values per patch row of ``pixel_values``: 3 * T * P * P (1176 for Qwen2-VL)."""
-        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
 
 def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, int]:

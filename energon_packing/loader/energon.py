@@ -487,3 +487,49 @@ def _wrap(dataset: Any, seen: set[int]) -> int:
             if isinstance(child, SavableDataset):
                 wrapped += _wrap(child, seen)
     return wrapped
+
+
+# ---- field maps ----------------------------------------------------------------------------
+
+
+def guard_field_maps(datasets: Any) -> int:
+    """Makes a ``dataset.yaml`` ``field_map`` that names a part the samples lack an error at
+    the first sample (naming the key, the field and the part), where Energon would skip every
+    sample alike as an error of its own. Returns how many factories were guarded.
+
+    Energon keeps the parsed map only in the closure of the sample loader it builds from it
+    (``DefaultGenericWebdatasetFactory.__init__``: ``inner_sample_loader`` over ``fields``);
+    a release that builds it otherwise leaves the factory as it is (the guard is a better
+    message, never a behaviour change).
+    """
+    import inspect
+
+    from megatron.energon.flavors.webdataset.default_generic_webdataset import (
+        DefaultGenericWebdatasetFactory,
+    )
+
+    from energon_packing.loader.samples import ConversationSample, guard_field_map
+
+    guarded = 0
+    for loaded in datasets or ():
+        factory = getattr(loaded, "dataset", None)
+        if not isinstance(factory, DefaultGenericWebdatasetFactory) or not issubclass(
+            factory.__sample_type__, ConversationSample
+        ):
+            continue
+        outer = factory._sample_loader
+        if getattr(outer, "_energon_packing_guarded", False) or not inspect.isfunction(outer):
+            continue
+        inner = inspect.getclosurevars(outer).nonlocals.get("inner_sample_loader")
+        fields = (
+            inspect.getclosurevars(inner).nonlocals.get("fields")
+            if inspect.isfunction(inner)
+            else None
+        )
+        if not isinstance(fields, dict):  # a sample_loader, not a field_map: nothing to guard
+            continue
+        loader = guard_field_map(outer, fields)
+        loader._energon_packing_guarded = True
+        factory._sample_loader = loader
+        guarded += 1
+    return guarded

@@ -34,6 +34,7 @@ from megatron.energon.errors import FatalSampleError
 
 from energon_packing.encoding.chat import Skip, brief, check_loss_weight
 from energon_packing.encoding.images import may_be_image
+from energon_packing.errors import cut, describe
 from energon_packing.schema import Pack
 
 __all__ = [
@@ -118,12 +119,12 @@ def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:
             "malformed_json", f"the document is too deep or too big ({type(e).__name__})"
         )
     except Exception as e:  # no sample may stop the reader
-        return _problem("unreadable_sample", f"{type(e).__name__}: {str(e)[:200]}")
+        return _problem("unreadable_sample", describe(e))
 
 
 def _load(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("__corrupt__"):  # marked by loader.energon: the tar bytes were unreadable
-        raise Skip("corrupt_shard", str(raw["__corrupt__"])[:300])
+        raise Skip("corrupt_shard", cut(str(raw["__corrupt__"])))
     images = {
         name: data
         for name, data in raw.items()
@@ -151,7 +152,7 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             raise Skip("malformed_json", f"{e.msg} at line {e.lineno} column {e.colno}") from None
         except (ValueError, RecursionError) as e:  # e.g. an integer of over 4,300 digits
-            raise Skip("malformed_json", f"{type(e).__name__}: {str(e)[:200]}") from None
+            raise Skip("malformed_json", describe(e)) from None
     if not isinstance(data, dict):
         raise Skip("malformed_json", f"top level is {type(data).__name__}, not an object")
     messages = data.get("messages")

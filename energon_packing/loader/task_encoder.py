@@ -38,6 +38,7 @@ from energon_packing.loader.energon import (
     CarryPackingDataset,
     PackingGuard,
     check_energon,
+    guard_field_maps,
     make_tolerant,
     postencoder,
     without_postencode,
@@ -253,6 +254,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     def build_train_datasets(self, **kwargs: Any) -> Any:
         """Energon's pipeline, with every shard reader made tolerant of corrupt bytes and the
         losses ``prepare --allow-losses`` listed owed to the skip report."""
+        guard_field_maps(kwargs.get("datasets"))
         self._pending_losses = _Losses(_dataset_losses(kwargs.get("datasets")), self)
         try:
             dataset = super().build_train_datasets(**kwargs)
@@ -264,6 +266,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     def build_val_datasets(self, **kwargs: Any) -> Any:
         """As :meth:`build_train_datasets`; the losses list covers the train split (only the
         train loader reports it)."""
+        guard_field_maps(kwargs.get("datasets"))
         dataset = super().build_val_datasets(**kwargs)
         make_tolerant(dataset)
         return dataset
