@@ -26,7 +26,7 @@ def invoke(*args):
 
 def test_help_lists_every_command():
     output = invoke("--help")
-    for command in ("demo", "stats", "preview", "bench", "prepare"):
+    for command in ("demo", "stats", "preview", "bench", "check", "prepare"):
         assert command in output
 
 
@@ -190,3 +190,137 @@ def test_the_tool_runs_any_family_through_its_processor_dir(processor_dir, synth
         tmp_path / "preview.png",
     )
     assert preview.startswith("pack 0  2048 tokens")
+
+
+# ---- the shard check, prepare's refusal, and wrong uses ----------------------------------
+
+
+def run(*args):
+    """The command as a user runs it: errors are click's, never a traceback."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    if result.exit_code not in (0, 1, 2) or not isinstance(
+        result.exception, (SystemExit, type(None))
+    ):
+        raise AssertionError(f"{result.exception!r}: {result.output}")
+    return result
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def bad_shards(path):
+    """A shard cut inside its 6th document and one whose 2nd header lies about its size."""
+    from test_shards import EIGHT, conversations, lie_about_size, tar
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cut.tar").write_bytes(tar(EIGHT)[: 5 * 1024 + 512 + 40])
+    (path / "lie.tar").write_bytes(lie_about_size(tar(conversations("q0", "q1", "q2")), 1024, 700))
+    return path
+
+
+def test_check_prints_the_losses_and_exits_1(tmp_path):
+    result = run("check", bad_shards(tmp_path))
+    assert result.exit_code == 1
+    table = re.findall(r"^(\w+)\s+(\d+)\s+(\d+)$", result.output, re.M)
+    assert table == [
+        ("truncated_member", "2", "1"),
+        ("lost_in_shard", "1", "1"),
+        ("total", "3", "2"),
+    ]
+    assert re.search(
+        r"^cut\.tar\s+5,120\s+s5\s+truncated_member: claims \d+ bytes", result.output, re.M
+    )
+    assert re.search(r"^lie\.tar\s+2,048\s+q2\s+lost_in_shard: after q1\.json", result.output, re.M)
+    assert "prepare" in result.output and "--allow-losses" in result.output
+    clean = run("check", SAMPLE_DATA)
+    assert clean.exit_code == 0 and "nothing lost" in clean.output
+    assert "4 shards" in clean.output and "400 samples" in clean.output
+
+
+def test_prepare_refuses_losses_unless_allowed(tmp_path):
+    path = bad_shards(tmp_path)
+    refused = run("prepare", path)
+    assert refused.exit_code == 1
+    line = error_line(refused)
+    assert "2 conversation(s) would vanish below the loader" in line and "--allow-losses" in line
+    assert not (path / ".nv-meta").exists()
+    allowed = run("prepare", path, "--allow-losses")
+    assert allowed.exit_code == 0, allowed.output
+    assert f"wrote {path / '.nv-meta' / 'energon_packing_losses.json'}" in allowed.output
+    from energon_packing.loader.shards import load_losses
+
+    assert [(k, r) for k, r, _ in load_losses(path)] == [
+        ("s5", "truncated_member"),
+        ("q2", "lost_in_shard"),
+    ]
+    stats = run("stats", path, "--capacity", 2048, "--buffer", 8, "--algorithm", "subset_fill")
+    assert "lost_in_shard: 1, malformed_json: 1 (e.g. q1), truncated_member: 1" in stats.output
+
+
+def test_prepare_names_a_split_pattern_that_matches_no_shard(tmp_path):
+    write_shards(tmp_path / "shards", conversations(4, seed=1), per_shard=2)
+    result = run("prepare", tmp_path, "--split-parts", "train:nomatch.*")
+    assert result.exit_code == 2
+    line = error_line(result)
+    assert "'nomatch.*' matches no shard" in line
+    assert "shards/shard-00000.tar, shards/shard-00001.tar" in line
+    assert not (tmp_path / ".nv-meta").exists()
+
+
+@pytest.fixture
+def wrong_datasets(tmp_path, synth_dataset):
+    import shutil
+
+    never = tmp_path / "never"
+    write_shards(never / "shards", conversations(2, seed=1), per_shard=2)
+    no_yaml = tmp_path / "no_yaml"
+    shutil.copytree(synth_dataset, no_yaml)
+    (no_yaml / ".nv-meta" / "dataset.yaml").unlink()
+    typo = tmp_path / "typo"
+    shutil.copytree(synth_dataset, typo)
+    yaml = typo / ".nv-meta" / "dataset.yaml"
+    yaml.write_text(yaml.read_text().replace("sample_loader:", "sample_loadr:"))
+    return {"never": never, "no_yaml": no_yaml, "typo": typo, "good": synth_dataset}
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "expected"),
+    [
+        ("never", (), "was never prepared (no .nv-meta/): run `energon-packing prepare "),
+        ("no_yaml", (), "dataset.yaml is missing: run `energon-packing prepare "),
+        ("typo", (), "dataset.yaml does not load (AssertionError: Either field_map or sample_loader"),
+        ("good", ("--pad-multiple", 3, "--capacity", 2048), "--pad-multiple 3 does not divide "
+         "--capacity 2048: use --capacity 2046"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["stats", "preview"])
+def test_wrong_uses_end_in_one_line_with_the_fix(wrong_datasets, command, case, extra, expected):
+    result = run(command, wrong_datasets[case], *extra)
+    assert result.exit_code == 2
+    assert expected in error_line(result)
+
+
+@pytest.mark.parametrize("command", ["preview", "stats"])
+def test_stats_and_preview_say_that_everything_was_skipped(tmp_path, command):
+    """Before: preview crashed (IndexError), stats printed a table of zeros."""
+    from helpers import make_dataset
+
+    path = make_dataset(tmp_path / "six", conversations(6, seed=3), per_shard=6)
+    extra = ("--picture", tmp_path / "p.png") if command == "preview" else ()
+    result = run(command, path, "--capacity", 16, *extra)
+    assert result.exit_code == 1
+    assert f"nothing to pack: all 6 conversations read from {path} were skipped" in result.output
+    assert re.search(r"^  text_too_long: \d+ \(e\.g\. conv", result.output, re.M)
+    assert re.search(r"the shortest conversation costs \d+ tokens \(padded\), more than "
+                     r"--capacity 16: pass --capacity \d+ or more", result.output)  # fmt: skip
+    assert "IndexError" not in result.output and "efficiency" not in result.output
+
+
+def test_knob_errors_name_the_cli_flags(synth_dataset):
+    """The config's own checks speak of max_input_seq_length; the CLI user typed --capacity."""
+    line = error_line(run("stats", synth_dataset, "--capacity", 0))
+    assert "--capacity" in line and "max_input_seq_length" not in line

@@ -1,4 +1,5 @@
-"""``energon-packing``: the demo, dataset stats, pack previews, the training bench, prepare.
+"""``energon-packing``: the demo, dataset stats, pack previews, the training bench, the shard
+check and prepare.
 
 Built like Energon's own CLI (click). Every number printed comes from the library functions
 the tests call, so what a person reads is what the code computes.
@@ -16,6 +17,7 @@ import click
 
 from energon_packing import __version__
 from energon_packing.loader.loading import epoch
+from energon_packing.schema import is_empty
 
 __all__ = ["main"]
 
@@ -29,7 +31,78 @@ def _quiet(*, progress: bool = False) -> None:
     if not progress:
         os.environ.setdefault("TQDM_DISABLE", "1")
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    warnings.filterwarnings("ignore", message="skipping sample")  # the report counts them
     logging.getLogger("energon_packing").setLevel(logging.ERROR)
+
+
+def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> Path | None:
+    """A dataset folder Energon can open, or a one-line error saying how to make it one."""
+    if path is None:
+        return None
+    meta = path / ".nv-meta"
+    if not meta.is_dir():
+        from energon_packing.loader.shards import shard_paths
+
+        if shard_paths(path):
+            raise click.BadParameter(
+                f"{path} was never prepared (no .nv-meta/): run `energon-packing prepare {path}`",
+                ctx=ctx,
+                param=param,
+            )
+        raise click.BadParameter(
+            f"{path} is no Energon dataset: no .nv-meta/ and no .tar shards under it",
+            ctx=ctx,
+            param=param,
+        )
+    for name, what in (("dataset.yaml", "our dataset.yaml"), ("index.sqlite", "the index")):
+        if not (meta / name).is_file():
+            raise click.BadParameter(
+                f"{meta / name} is missing: run `energon-packing prepare {path}` (it writes "
+                f"{what})",
+                ctx=ctx,
+                param=param,
+            )
+    from megatron.energon import WorkerConfig, get_train_dataset
+
+    try:  # how every command opens it: a typo in dataset.yaml fails here, not mid-run
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            get_train_dataset(
+                path,
+                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+                batch_size=None,
+                shuffle_buffer_size=None,
+                max_samples_per_sequence=None,
+                repeat=False,
+            )
+    except Exception as e:  # Energon: bare AssertionError, TypeError, ModuleNotFoundError ...
+        why = " ".join(str(e).split())[:300] or "(no message)"
+        raise click.BadParameter(
+            f"{meta / 'dataset.yaml'} does not load ({type(e).__name__}: {why}); fix it, or "
+            f"rewrite it with `energon-packing prepare {path}`",
+            ctx=ctx,
+            param=param,
+        ) from None
+    return path
+
+
+#: The library's knob names in its messages, and the CLI flags that set them.
+_FLAGS = {
+    "max_input_seq_length": "--capacity",
+    "pad_multiple": "--pad-multiple",
+    "max_pixels": "--max-pixels",
+    "overlong": "--overlong",
+}
+
+
+def _flag_names(message: str) -> str:
+    import re
+
+    for knob, flag in _FLAGS.items():
+        message = re.sub(
+            rf"\b{knob}\b=?", lambda m, flag=flag: flag + (" " if "=" in m[0] else ""), message
+        )
+    return message
 
 
 def _data_option(required: bool = False):
@@ -37,6 +110,7 @@ def _data_option(required: bool = False):
         "--data",
         "data",
         type=click.Path(exists=True, file_okay=False, path_type=Path),
+        callback=_prepared,
         default=None if required else (REPO_SAMPLE_DATA if REPO_SAMPLE_DATA.exists() else None),
         show_default="the bundled sample_data",
         help="A prepared Energon dataset.",
@@ -107,9 +181,11 @@ def demo(
     knobs = dict(capacity=capacity, pad_multiple=8, max_pixels=None, overlong="drop")
     te = _encoder(tokenizer="bundled", processor=processor, carry=True, **knobs)
     start = time.perf_counter()
-    batches = list(epoch(data, te, packing_buffer_size=buffer))
+    batches = [b for b in epoch(data, te, packing_buffer_size=buffer) if not is_empty(b)]
     seconds = time.perf_counter() - start
     stats = te.stats
+    if not batches:
+        _nothing_to_pack(data, te, capacity, 8, None, "bundled", processor)
     measured = measure_costs(
         data,
         _encoder(tokenizer="bundled", processor=processor, carry=True, **knobs),
@@ -154,6 +230,25 @@ def demo(
     click.echo(f"picture of the first {len(layouts)} packs: {picture}")
 
 
+def _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor):
+    """Every conversation was skipped: say so, with the reasons, instead of an empty table."""
+    from energon_packing.tools.report import format_nothing_packed, shortest_cost
+
+    shortest = None
+    # limits that follow --capacity: how long is the shortest, measured without a limit?
+    if {"overlong", "text_too_long", "too_many_turns"} & set(te.stats.skipped):
+        shortest = shortest_cost(
+            path,
+            lambda width: _encoder(width, pad_multiple, max_pixels, "drop", tokenizer, processor),
+            pad_multiple=pad_multiple,
+        )
+    raise click.ClickException(
+        format_nothing_packed(
+            path, te.stats.skipped, te.stats.skipped_keys, capacity=capacity, shortest=shortest
+        )
+    )
+
+
 def _encoder_options(fn):
     for option in reversed(
         [
@@ -190,15 +285,29 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor,
     knobs = dict(
         max_input_seq_length=capacity, pad_multiple=pad_multiple, overlong=overlong, **extra
     )
+    knobs.setdefault("max_skips_without_pack", None)  # finite passes: we report, never stop
     if max_pixels is not None:
         knobs["max_pixels"] = max_pixels
-    if processor is not None:
-        return PackingTaskEncoder(processor=str(processor), **knobs)
-    return PackingTaskEncoder(tokenizer=tokenizer, **knobs)
+    if pad_multiple < 1:
+        raise click.UsageError(f"--pad-multiple {pad_multiple} must be 1 or more")
+    if capacity % pad_multiple:
+        fits = capacity - capacity % pad_multiple
+        raise click.UsageError(
+            f"--pad-multiple {pad_multiple} does not divide --capacity {capacity}: use "
+            f"--capacity {fits} or a --pad-multiple that divides {capacity}"
+        )
+    try:
+        if processor is not None:
+            return PackingTaskEncoder(processor=str(processor), **knobs)
+        return PackingTaskEncoder(tokenizer=tokenizer, **knobs)
+    except (ValueError, TypeError) as e:  # the config's own checks: name the flags
+        raise click.UsageError(_flag_names(" ".join(str(e).split()))) from None
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "path", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_prepared
+)
 @_encoder_options
 @click.option(
     "--buffer", "buffers", multiple=True, type=int, default=(64, 256, 1024), show_default=True
@@ -230,6 +339,8 @@ def stats(
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
     measured = measure_costs(path, te, progress=True)
+    if not measured.costs:
+        _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
     click.echo(
         f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens, "
         f"C={capacity}, pad_multiple={pad_multiple}"
@@ -241,7 +352,9 @@ def stats(
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "path", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_prepared
+)
 @_encoder_options
 @click.option("--buffer", default=64, show_default=True)
 @click.option("--carry/--no-carry", default=True, show_default=True)
@@ -272,7 +385,10 @@ def preview(
     from energon_packing.tools.picture import describe, draw, pack_segments
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, carry=carry)
-    batches = list(itertools.islice(epoch(path, te, packing_buffer_size=buffer), count))
+    packs = (b for b in epoch(path, te, packing_buffer_size=buffer) if not is_empty(b))
+    batches = list(itertools.islice(packs, count))  # zero-row batches carry skips only
+    if not batches:
+        _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
     layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches]
     click.echo(describe(layouts))
     draw(layouts, picture, title=f"{path.name}: first {len(layouts)} packs (C={capacity})")
@@ -281,13 +397,20 @@ def preview(
 
 @main.command()
 @_data_option()
-@click.option("--steps", default=20, show_default=True)
+@click.option("--steps", default=16, show_default=True)
 @click.option("--capacity", default=2048, show_default=True)
 @click.option("--buffer", default=64, show_default=True)
 @click.option("--lr", default=3e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
-    "--hidden", default=192, show_default=True, help="TinyVLM width (layers: 2, heads: 4)."
+    "--hidden", default=128, show_default=True, help="TinyVLM width (layers: 2, heads: 4)."
+)
+@click.option("--warmup", default=2, show_default=True, help="Leading steps not timed.")
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    help="torch threads (1: a step's time is its own work, not waits for a busy core).",
 )
 @click.option(
     "--picture",
@@ -303,10 +426,13 @@ def bench(
     lr: float,
     seed: int,
     hidden: int,
+    warmup: int,
+    threads: int,
     picture: Path,
 ) -> None:
     """Train the tiny model on the same conversations through loader packs, trainer packs and
-    padded batches; print tokens/s and losses, plot loss vs step and vs time."""
+    padded batches, in turn step by step; print tokens/s, losses and the FLOPs per real token
+    that predict the speed-up; plot loss vs step and vs time."""
     _quiet()
     if data is None:
         raise click.UsageError("no bundled sample_data next to this install; pass --data PATH")
@@ -314,21 +440,21 @@ def bench(
 
     from energon_packing import PackingTaskEncoder
     from energon_packing.testing.model import TinyConfig
-    from energon_packing.tools.bench import PATHS, plot, prepare, train
+    from energon_packing.tools.bench import PATHS, plot, prepare, report, train
 
     torch.manual_seed(seed)
+    torch.set_num_threads(threads)
     te = PackingTaskEncoder(
         max_input_seq_length=capacity, tokenizer="bundled", pad_multiple=8, carry=True
     )
     inputs = prepare(data, te, steps=steps, buffer=buffer)
     config = TinyConfig(vocab_size=te.tokenizer.vocab_size, hidden=hidden, mlp=4 * hidden)
-    curves = [
-        train(name, path_steps, config=config, seed=seed, lr=lr)
-        for name, path_steps in zip(PATHS, inputs)
-    ]
+    curves = train(dict(zip(PATHS, inputs)), config=config, seed=seed, lr=lr, warmup=warmup)
     reference = curves[0].losses
     click.echo(
-        f"TinyVLM, {len(reference)} steps of the same conversations, C={capacity}, lr={lr}, seed={seed}\n"
+        f"TinyVLM (hidden {hidden}), {len(reference)} steps of the same conversations, "
+        f"C={capacity}, lr={lr}, seed={seed}, {threads} torch thread(s); tokens/s: real tokens "
+        f"per median step time, the first {curves[0].warmup} steps not timed\n"
     )
     click.echo(
         f"{'path':<17}{'real tokens':>12}{'computed':>11}{'efficiency':>12}{'tokens/s':>11}"
@@ -341,6 +467,7 @@ def bench(
             f"{100 * curve.real_tokens / curve.computed_tokens:>11.1f}%{curve.tokens_per_second:>11,.0f}"
             f"{curve.losses[-1]:>12.4f}{gap:>23.2e}"
         )
+    click.echo("\n" + report(curves, config=config))
     plot(curves, picture)
     click.echo(f"\ncurves: {picture}")
 
@@ -354,9 +481,76 @@ def bench(
     show_default=True,
     help="split:regex over shard paths, repeatable (patterns may overlap).",
 )
-def prepare_command(path: Path, split_parts) -> None:
-    """Run `energon prepare` on a folder of WebDataset shards and write our dataset yamls."""
-    from energon_packing.loader.prepare import prepare_dataset
+@click.option(
+    "--allow-losses",
+    is_flag=True,
+    help="Go on when conversations would vanish below the loader: cut shards cut mid-member "
+    "back to their whole samples and list the lost conversations in "
+    ".nv-meta/energon_packing_losses.json (the loader's skip report carries them).",
+)
+def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
+    """Check every shard (as `check` does), run `energon prepare` and write our dataset yamls."""
+    from energon_packing.loader.prepare import (
+        ShardLossError,
+        SplitPatternError,
+        prepare_dataset,
+    )
 
-    for written in prepare_dataset(path, split_parts=split_parts):
-        click.echo(f"wrote {written}")
+    try:
+        written = prepare_dataset(path, split_parts=split_parts, allow_losses=allow_losses)
+    except SplitPatternError as e:
+        raise click.BadParameter(str(e), param_hint="'--split-parts'") from None
+    except FileNotFoundError as e:
+        raise click.UsageError(str(e)) from None
+    except ShardLossError as e:
+        hint = (
+            f"; see `energon-packing check {path}`, pass --allow-losses to go on"
+            if not e.scan.repeated_apart and not e.scan.empty
+            else f"; see `energon-packing check {path}`"
+        )
+        raise click.ClickException(str(e) + hint) from None
+    for name in written:
+        click.echo(f"wrote {name}")
+    from energon_packing.loader.shards import load_losses
+
+    losses = load_losses(path)
+    if losses:
+        click.echo(
+            f"{len(losses)} conversation(s) lost in the shards are listed in the losses file; "
+            f"the loader's skip report carries them"
+        )
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--limit", default=50, show_default=True, help="Findings listed (all are counted).")
+def check(path: Path, limit: int) -> None:
+    """Read every tar header of every shard under PATH; list what Energon or WebDataset would
+    drop, with shard, offset, key and reason. Exits 1 when anything would be lost."""
+    from energon_packing.loader.shards import scan_dataset, shard_paths
+    from energon_packing.tools.report import format_scan
+
+    if not shard_paths(path):
+        raise click.UsageError(f"{path} holds no .tar shards (searched **/*.tar)")
+    start = time.perf_counter()
+    scan = scan_dataset(path)
+    click.echo(format_scan(scan, seconds=time.perf_counter() - start, limit=limit))
+    if scan.empty:
+        names = ", ".join(s.shard for s in scan.empty[:5])
+        click.echo(
+            f"\n{len(scan.empty)} shard(s) without one whole sample ({names}): Energon's "
+            f"prepare fails the whole dataset on them ('Shard ... has no samples')"
+        )
+    if scan.findings or scan.empty:
+        if scan.repeated_apart:
+            advice = "energon prepare refuses keys repeated apart: rename them in the shards"
+        elif scan.losses or scan.cut:
+            advice = (
+                f"`energon-packing prepare {path}` refuses this; with --allow-losses it cuts "
+                f"cut shards back and lists the lost conversations in the losses file"
+            )
+        else:
+            advice = "the loader reports these samples itself (nothing vanishes uncounted)"
+        if scan.findings:
+            click.echo(f"\n{len(scan.findings):,} finding(s): {advice}")
+        raise SystemExit(1)

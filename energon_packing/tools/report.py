@@ -28,13 +28,16 @@ __all__ = [
     "Measured",
     "PathCost",
     "Row",
+    "format_nothing_packed",
     "format_paths",
+    "format_scan",
     "format_skipped",
     "format_table",
     "loader_vs_trainer",
     "measure_costs",
     "packing_table",
     "recommend",
+    "shortest_cost",
 ]
 
 TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
@@ -96,9 +99,22 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         keys=keys,
         costs=costs,
         lengths=lengths,
-        skipped=dict(task_encoder.stats.skipped),
+        skipped=_with_losses(path, dict(task_encoder.stats.skipped)),
         capacity=task_encoder.config.max_input_seq_length,
     )
+
+
+def _with_losses(path: Path | str, skipped: dict[str, int]) -> dict[str, int]:
+    """The conversations ``prepare --allow-losses`` found lost in the shards, counted too: a
+    pass without packing does not carry them (only the packing loader's report does)."""
+    from energon_packing.loader.shards import SHARD_REASONS, load_losses
+
+    losses = load_losses(path)
+    carried = {r for r in SHARD_REASONS if r != "missing_json"} & set(skipped)
+    if losses and not carried:
+        for _, reason, _ in losses:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    return skipped
 
 
 def _split_size(dataset: Any) -> int | None:
@@ -291,3 +307,70 @@ def format_skipped(skipped: dict[str, int], keys: dict[str, list[str]] | None = 
         example = f" (e.g. {keys[reason][0]})" if keys and keys.get(reason) else ""
         parts.append(f"{reason}: {count}{example}")
     return "skipped: " + ", ".join(parts)
+
+
+def format_nothing_packed(
+    path: Path | str,
+    skipped: dict[str, int],
+    keys: dict[str, list[str]] | None = None,
+    *,
+    capacity: int,
+    shortest: int | None = None,
+) -> str:
+    """The report of a dataset where every conversation was skipped (nothing to pack)."""
+    total = sum(skipped.values())
+    if not total:
+        return f"nothing to pack: {path} yielded no conversation (is the train split empty?)"
+    lines = [f"nothing to pack: all {total:,} conversations read from {path} were skipped"]
+    for reason, count in sorted(skipped.items(), key=lambda item: (-item[1], item[0])):
+        example = f" (e.g. {keys[reason][0]})" if keys and keys.get(reason) else ""
+        lines.append(f"  {reason}: {count:,}{example}")
+    if shortest is not None:
+        lines.append(
+            f"the shortest conversation costs {shortest:,} tokens (padded), more than "
+            f"--capacity {capacity:,}: pass --capacity {shortest:,} or more"
+        )
+    return "\n".join(lines)
+
+
+def shortest_cost(path: Path | str, encoder_for: Any, *, pad_multiple: int) -> int | None:
+    """The smallest packing cost of any conversation of ``path``, measured with a width no
+    conversation exceeds (``encoder_for(width)`` builds the task encoder)."""
+    width = round_up(1 << 24, pad_multiple)
+    measured = measure_costs(path, encoder_for(width), progress=False)
+    return min(measured.costs) if measured.costs else None
+
+
+def format_scan(scan: Any, *, seconds: float, limit: int = 50) -> str:
+    """``energon-packing check``: a per-reason table, then the findings with shard and offset."""
+    members = sum(s.members for s in scan.shards)
+    samples = sum(s.samples for s in scan.shards)
+    rate = scan.bytes / seconds / 1e6 if seconds > 0 else float("inf")
+    lines = [
+        f"{scan.path}: {len(scan.shards)} shards, {scan.bytes / 1e6:,.1f} MB, {members:,} "
+        f"members, {samples:,} samples; headers read in {seconds:.2f} s ({rate:,.0f} MB/s)"
+    ]
+    if not scan.findings:
+        if not scan.empty:
+            lines.append("nothing lost: every member of every shard reaches a sample with a .json")
+        return "\n".join(lines)
+    counts = scan.counts()
+    lost = {}
+    for finding in scan.losses:
+        lost[finding.reason] = lost.get(finding.reason, 0) + 1
+    width = max(len(r) for r in counts) + 2
+    lines.append(f"\n{'reason':<{width}}{'findings':>9}{'conversations lost uncounted':>30}")
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        lines.append(f"{reason:<{width}}{count:>9,}{lost.get(reason, 0):>30,}")
+    lines.append(f"{'total':<{width}}{len(scan.findings):>9,}{len(scan.losses):>30,}\n")
+    shard_width = min(max(len(f.shard) for f in scan.findings), 40) + 2
+    key_width = min(max(len(f.key) for f in scan.findings), 32) + 2
+    lines.append(f"{'shard':<{shard_width}}{'offset':>12}  {'key':<{key_width}}reason: detail")
+    for finding in scan.findings[:limit]:
+        lines.append(
+            f"{finding.shard:<{shard_width}}{finding.offset:>12,}  {finding.key:<{key_width}}"
+            f"{finding.reason}: {finding.detail}"
+        )
+    if len(scan.findings) > limit:
+        lines.append(f"... and {len(scan.findings) - limit:,} more (--limit)")
+    return "\n".join(lines)
