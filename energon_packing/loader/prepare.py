@@ -50,6 +50,9 @@ logger = logging.getLogger("energon_packing")
 #: ``.nv-meta/dataset.yaml``: our sample type and loader (``energon info/lint/preview`` work).
 DATASET_YAML = """\
 # energon_packing: one conversation per sample; images stay compressed bytes until packing.
+# part_filter reads <key>.json and every part that may be an image (any name but text, tensor,
+# audio, video and archive suffixes: formats are recognised by content). A field_map cannot
+# build a ConversationSample (it maps one part per field; the images are all image parts).
 sample_type:
   __module__: energon_packing.loader.samples
   __class__: ConversationSample
