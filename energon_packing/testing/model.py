@@ -3,8 +3,10 @@
 Token embedding; a vision path whose merged 2x2 patch features replace the image-pad token
 embeddings (as Qwen2-VL merges vision features); rotary positions from ``position_ids`` (1-D,
 or Qwen2-VL's 3-row mRoPE with ``mrope_section``); causal attention that sees only what the
-varlen parameters allow (``cu_seqlens``: no attention across sources). Under context
-parallelism each rank holds its chunks of every source and all-gathers K/V (forward only).
+varlen parameters allow (``cu_seqlens``: no attention across sources), computed source by
+source as a varlen kernel does (its cost: the sum over sources, see :func:`attention_calls`).
+Under context parallelism each rank holds its chunks of every source and all-gathers K/V
+(forward only).
 
 It exists to prove that the kernel cannot tell loader packs from trainer packs (tests,
 ``energon-packing bench``); it is not a model to train for quality.
@@ -21,7 +23,7 @@ from torch.nn import functional as F
 
 from energon_packing.trainer.shim import cp_indices
 
-__all__ = ["TinyConfig", "TinyVLM"]
+__all__ = ["TinyConfig", "TinyVLM", "attention_calls"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -106,9 +108,39 @@ def _segments(params: Any) -> list[tuple[int, int, int]]:
     return out
 
 
+def attention_calls(packed_seq_params: Any, *, rows: int, tokens: int) -> list[tuple[int, int]]:
+    """``(queries, keys)`` of every attention kernel call one layer makes (per head): one per
+    row for padded rows (``packed_seq_params=None``), one per source for a pack (under CP: the
+    rank's share of the source's queries against all of its keys). Its cost is the sum over
+    calls of queries x keys, what a varlen kernel pays; the bench counts FLOPs from this."""
+    if packed_seq_params is None:
+        return [(tokens, tokens)] * rows
+    cp_size = int(packed_seq_params.cu_seqlens_q_padded[-1]) // tokens
+    return [(extent // cp_size, valid) for _, valid, extent in _segments(packed_seq_params)]
+
+
+def _flash_varlen(q, k, v, params) -> torch.Tensor | None:
+    """flash-attention's varlen kernel over the whole pack, where it can run (a GPU, half
+    precision, the ``flash_attn`` package, padded boundaries, no CP); else None."""
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if not torch.equal(params.cu_seqlens_q, params.cu_seqlens_q_padded):
+        return None
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    cu = params.cu_seqlens_q_padded.to(device=q.device, dtype=torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, H, D]
+    y = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True)
+    return y.transpose(0, 1).unsqueeze(0)
+
+
 def _varlen_attention(q, k, v, params) -> torch.Tensor:
-    """Causal attention inside each source, as one masked call; with CP, K/V of all ranks are
-    all-gathered and every query keeps its global position."""
+    """Causal attention inside each source, one SDPA call per source (or flash-attention's
+    varlen kernel), so the cost is the sum over sources, never the whole row squared. With CP,
+    K/V of all ranks are all-gathered and every query keeps its position in its source."""
     if q.shape[0] != 1:
         raise ValueError("packed rows come one per microbatch (batch dimension 1)")
     padded = params.cu_seqlens_q_padded
@@ -125,18 +157,24 @@ def _varlen_attention(q, k, v, params) -> torch.Tensor:
         k = torch.cat(gathered_k, dim=2)[:, :, order]
         v = torch.cat(gathered_v, dim=2)[:, :, order]
     else:
+        flash = _flash_varlen(q, k, v, params)
+        if flash is not None:
+            return flash
         local = torch.arange(q.shape[2])
-    total = int(padded[-1])
-    source = torch.empty(total, dtype=torch.long)
-    valid_key = torch.zeros(total, dtype=torch.bool)
-    for index, (start, valid, extent) in enumerate(_segments(params)):
-        source[start : start + extent] = index
-        valid_key[start : start + valid] = True
-    keys = torch.arange(total)
-    allowed = (
-        (source[local][:, None] == source[None, :]) & (keys[None, :] <= local[:, None]) & valid_key
-    )
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None, None])
+    outputs, offset = [], 0  # a rank's queries come source by source (cp_indices' order)
+    for start, valid, extent in _segments(params):
+        queries = q[:, :, offset : offset + extent // cp_size]
+        keys, values = k[:, :, start : start + valid], v[:, :, start : start + valid]
+        if valid == 0:  # no real token to attend to
+            outputs.append(torch.zeros_like(queries))
+        elif cp_size == 1 and valid == extent:
+            outputs.append(F.scaled_dot_product_attention(queries, keys, values, is_causal=True))
+        else:  # CP chunks or padding after the real part: explicit causal positions
+            where = local[offset : offset + queries.shape[2]] - start
+            allowed = (torch.arange(valid)[None, :] <= where[:, None]).to(q.device)
+            outputs.append(F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed))
+        offset += queries.shape[2]
+    return torch.cat(outputs, dim=2)
 
 
 class Block(nn.Module):
