@@ -1,17 +1,24 @@
-"""Loader throughput and peak memory through a family's processor vs the built-in layout.
+"""Loader throughput through a family's processor: against its floor, and against the built-in.
 
-The bundled sample data (400 conversations, 0-3 images each) through the real Energon loader
-(workers 0, carry on, C=2048), once per path, each in a fresh process: conversations per second
-(best of 3 epochs) and the process's peak RSS over the epoch (``VmHWM``, reset after start-up).
-Image sizes are made comparable: the built-in path resizes within 56*56..224*224 pixels, as the
-Qwen processors here do. Two packing buffers show that waiting conversations hold compressed
-images only (peak memory barely depends on the buffer).
+1. The floor (default): what no packer can avoid is Energon reading the samples plus the
+   processor once per conversation. One process per family measures, interleaved, best of 3:
+   (a) Energon's plain read of the bundled sample data (400 conversations, 0-3 images each;
+   a task encoder that does nothing, no packing), (b) the processor alone on the same
+   conversations (its ``apply_chat_template`` and its own call on the decoded images, as
+   ``load_image`` decodes them), (c) the packed loader (workers 0, carry on, C=2048, buffer 64),
+   and prints the floor ``1 / (1/a + 1/b)`` in conversations/s, the ratio c / floor (target
+   >= 0.95) and the built-in path's packed figure beside them.
+2. ``--table``: also loader throughput and peak RSS per path (fresh process each), at two
+   packing buffers: waiting conversations hold compressed images only (peak memory barely
+   depends on the buffer). Image sizes are comparable: the built-in path resizes within
+   56*56..224*224 pixels, as the Qwen processors here do.
 
-    python benchmarks/processor_loader.py
+    python benchmarks/processor_loader.py [--families qwen2_vl,gemma3] [--table]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -35,7 +42,7 @@ CHILD = textwrap.dedent(
             return PackingTaskEncoder(tokenizer="bundled", max_pixels=224 * 224, **knobs)
     else:
         from energon_packing.testing.families import build
-        processor = build(path)[0]
+        processor = build(path, model=False)[0]
         def encoder():
             return PackingTaskEncoder(processor=processor, **knobs)
 
@@ -62,6 +69,140 @@ CHILD = textwrap.dedent(
 )
 
 
+FLOOR = textwrap.dedent(
+    """
+    import io, json, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    from megatron.energon import TaskEncoder
+    from PIL import Image
+    from transformers.image_utils import load_image
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.loader.loading import epoch
+    from energon_packing.testing.families import build
+    from energon_packing.tools.cli import REPO_SAMPLE_DATA
+
+    family, rounds = sys.argv[1], int(sys.argv[2])
+    knobs = dict(max_input_seq_length=2048, pad_multiple=8, carry=True)
+    processor = build(family, model=False)[0]
+    bos = processor.tokenizer.bos_token
+
+    class PlainRead(TaskEncoder):
+        decoder = None  # images stay bytes, as in the packed loader
+
+        def encode_sample(self, sample):
+            return sample
+
+        def batch(self, samples):
+            return samples
+
+    def hf_messages(messages, names):
+        order, out, cursor = [], [], 0
+        for message in messages:
+            content, parts = message["content"], []
+            if isinstance(content, str):
+                for k, text in enumerate(content.split("<image>")):
+                    if k:
+                        while names[cursor] in order:
+                            cursor += 1
+                        order.append(names[cursor])
+                        parts.append({"type": "image"})
+                    if text:
+                        parts.append({"type": "text", "text": text})
+            else:
+                for p in content:
+                    if p["type"] == "image":
+                        order.append(p["image"])
+                        parts.append({"type": "image"})
+                    else:
+                        parts.append({"type": "text", "text": p["text"]})
+            out.append({"role": message["role"], "content": parts})
+        return out, order
+
+    def plain():
+        n = 0
+        for batch in epoch(REPO_SAMPLE_DATA, PlainRead(), packing_buffer_size=None):
+            n += len(batch)
+        return n
+
+    documents = [
+        (s.messages, list(s.image_names), dict(s.images))
+        for batch in epoch(REPO_SAMPLE_DATA, PlainRead(), packing_buffer_size=None)
+        for s in batch
+    ]
+
+    def alone():
+        ok = 0
+        for messages, names, images in documents:
+            try:
+                chat, order = hf_messages(messages, names)
+                text = processor.apply_chat_template(chat, tokenize=False)
+                pil = [load_image(Image.open(io.BytesIO(images[n]))) for n in order]
+                processor(
+                    text=[text],
+                    images=[pil] if pil else None,
+                    add_special_tokens=not (bos and text.startswith(bos)),
+                    return_tensors="np",
+                )
+                ok += 1
+            except Exception:
+                pass
+        return ok
+
+    def packed(**chosen):
+        te = PackingTaskEncoder(**chosen, **knobs)
+        for _ in epoch(REPO_SAMPLE_DATA, te, packing_buffer_size=64):
+            pass
+        return te.stats.packed
+
+    runs = {
+        "plain": plain,
+        "alone": alone,
+        "packed": lambda: packed(processor=processor),
+        "builtin": lambda: packed(tokenizer="bundled", max_pixels=224 * 224),
+    }
+    for run in runs.values():  # warm up
+        run()
+    best = {name: 0.0 for name in runs}
+    for _ in range(rounds):  # interleaved: the machine's noise falls on every figure alike
+        for name, run in runs.items():
+            start = time.perf_counter()
+            n = run()
+            best[name] = max(best[name], n / (time.perf_counter() - start))
+    print(json.dumps(best))
+    """
+)
+
+
+def floor(family: str, rounds: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", FLOOR, family, str(rounds)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_floor(families: list[str], rounds: int) -> None:
+    print(
+        f"sample_data, C=2048, carry, buffer 64, workers 0; conversations/s, best of {rounds}, "
+        f"interleaved in one process per family\n"
+    )
+    print(
+        f"{'family':<18}{'(a) plain read':>15}{'(b) processor':>15}{'floor':>9}"
+        f"{'(c) packed':>12}{'c / floor':>11}{'builtin':>10}"
+    )
+    for family in families:
+        r = floor(family, rounds)
+        bound = 1.0 / (1.0 / r["plain"] + 1.0 / r["alone"])
+        print(
+            f"{family:<18}{r['plain']:>15.0f}{r['alone']:>15.0f}{bound:>9.0f}"
+            f"{r['packed']:>12.0f}{r['packed'] / bound:>11.2f}{r['builtin']:>10.0f}"
+        )
+    print()
+
+
 def measure(path: str, buffer: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, path, str(buffer)],
@@ -73,7 +214,7 @@ def measure(path: str, buffer: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def print_table() -> None:
     print("sample_data, C=2048, carry, workers 0; best of 3 epochs per path, fresh process each\n")
     head = f"{'path':<18}{'packs':>7}"
     for buffer in BUFFERS:
@@ -90,6 +231,17 @@ def main() -> None:
                 f"{result['peak_mb']:>18.1f}"
             )
         print(f"{path:<18}{result['packs']:>7}" + line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default="qwen2_vl", help="comma-separated families")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--table", action="store_true", help="also the per-path table")
+    args = parser.parse_args()
+    print_floor(args.families.split(","), args.rounds)
+    if args.table:
+        print_table()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ conversation run alone.
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -26,7 +27,7 @@ from energon_packing.trainer import prepacked_microbatches
 transformers = pytest.importorskip("transformers")
 
 from energon_packing.testing import hf  # noqa: E402
-from energon_packing.testing.families import FAMILIES, build  # noqa: E402
+from energon_packing.testing.families import FAMILIES, IDEFICS3_ROW_COL, build  # noqa: E402
 
 pytestmark = pytest.mark.energon
 
@@ -244,17 +245,17 @@ def test_the_builtin_layout_and_a_chatml_processor_agree():
         Qwen2VLImageProcessorPil,
     )
 
-    from energon_packing.testing.families import make_tokenizer, video_optional
+    from energon_packing.encoding.processor_loading import image_only
+    from energon_packing.testing.families import make_tokenizer
     from energon_packing.testing.templates import QWEN2_VL_TEMPLATE
 
     template = QWEN2_VL_TEMPLATE.replace(
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", ""
     )
     tokenizer = make_tokenizer(pad="<|endoftext|>")
-    processor = video_optional(Qwen2VLProcessor)(
+    processor = image_only(Qwen2VLProcessor)(
         image_processor=Qwen2VLImageProcessorPil(),
         tokenizer=tokenizer,
-        video_processor=None,
         chat_template=template,
     )
     ours = PackingTaskEncoder(max_input_seq_length=8192, tokenizer="bundled")
@@ -362,7 +363,9 @@ def test_the_overlong_policy_on_a_processor_path(caplog):
     assert cut.token_mask.tolist() == first.token_mask.tolist()[:capacity]
     last = full.encode_sample(sample("last", long_text + "<image>"))
     last_ids = last.input_ids.tolist()
-    last_end = len(last_ids) - last_ids[::-1].index(image_id)
+    vision_end = qwen.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+    last_end = len(last_ids) - last_ids[::-1].index(vision_end)  # an image ends at its marker
+    assert last_ids[last_end - 2] == image_id
     with pytest.raises(SkipSample):
         te.encode_sample(sample("last", long_text + "<image>"))
     assert te.stats.skipped["overlong_media"] == 1
@@ -425,3 +428,165 @@ def test_a_tokenizer_only_model_through_its_chat_template(caplog):
         te.encode_sample(sample("pictured", pictured, {"a.png": _png(32, 32)}))
     assert te.stats.skipped["unsupported_image"] == 1
     assert "is a tokenizer: a conversation with images needs a processor" in caplog.text
+
+
+#: Each family's media tokens, spelled out here as the oracle (the package derives them from the
+#: processor: its image expansion and the template's markup around a placeholder).
+MEDIA_TOKENS = {
+    "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"],
+    "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"],
+    "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
+    "idefics3": ["<fake_token_around_image>", "<image>", "<global-img>", *IDEFICS3_ROW_COL],
+    "llava_onevision": ["<image>"],
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_image_in_an_assistant_turn_is_never_trained(family):
+    """Wherever an image sits, none of its tokens carries loss weight (the reply's text does);
+    the ids are the processor's own. Qwen3-VL's template drops assistant images: a named skip."""
+    from megatron.energon.errors import SkipSample
+
+    processor, _, _ = build(family, model=False)
+    te = PackingTaskEncoder(max_input_seq_length=1 << 14, processor=processor)
+    document = {
+        "messages": [
+            {"role": "user", "content": "<image>Draw another."},
+            {"role": "assistant", "content": "Here: <image> a red square."},
+        ],
+        "images": ["a.png", "b.png"],
+    }
+    images = {"a.png": _png(150, 100), "b.png": _png(64, 200)}
+    sample = ConversationSample(
+        __key__="drawn", __restore_key__=(), **load_conversation(raw_sample("d", document, images))
+    )
+    if family == "qwen3_vl":
+        with pytest.raises(SkipSample):
+            te.encode_sample(sample)
+        assert te.stats.skipped["placeholder_mismatch"] == 1
+        return
+    encoded = te.encode_sample(sample)
+    ids, mask = encoded.input_ids.tolist(), encoded.token_mask.tolist()
+    text = processor.apply_chat_template(hf_messages(document), tokenize=False)
+    bos = processor.tokenizer.bos_token
+    real = processor(
+        text=[text],
+        images=[[decode(images["a.png"]), decode(images["b.png"])]],
+        add_special_tokens=not (bos and text.startswith(bos)),
+        return_tensors="np",
+    )["input_ids"][0]
+    assert ids == real.tolist()
+    media = set(processor.tokenizer.convert_tokens_to_ids(MEDIA_TOKENS[family]))
+    assert all(weight == 0 for token, weight in zip(ids, mask) if token in media)
+    trained = processor.tokenizer.decode([t for t, w in zip(ids, mask) if w > 0])
+    assert "a red square." in trained and "Here:" in trained
+    assert not media & {t for t, w in zip(ids, mask) if w > 0}
+
+
+def test_an_image_in_an_assistant_turn_is_never_trained_on_the_builtin_path():
+    te = PackingTaskEncoder(max_input_seq_length=4096, tokenizer="bundled")
+    document = {
+        "messages": [
+            {"role": "user", "content": "Draw it."},
+            {"role": "assistant", "content": "Here: <image> a red square."},
+        ],
+        "images": ["b.png"],
+    }
+    sample = ConversationSample(
+        __key__="drawn",
+        __restore_key__=(),
+        **load_conversation(raw_sample("d", document, {"b.png": _png(64, 200)})),
+    )
+    encoded = te.encode_sample(sample)
+    special = te.tokenizer.special
+    media = {special.vision_start, special.image_pad, special.vision_end}
+    ids, mask = encoded.input_ids.tolist(), encoded.token_mask.tolist()
+    assert media <= set(ids)
+    assert all(weight == 0 for token, weight in zip(ids, mask) if token in media)
+    assert "a red square." in te.tokenizer.decode([t for t, w in zip(ids, mask) if w > 0])
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_an_exif_rotated_jpeg_is_packed_as_load_image_sees_it(orientation):
+    """A JPEG whose EXIF tag says "rotate": the grid, the pixels and the ids through the
+    processor path equal transformers' ``load_image`` (which applies ``exif_transpose``) and
+    the processor, for the size predicted from the header as for the pixels."""
+    from PIL import Image
+    from transformers.image_utils import load_image
+
+    processor, _, _ = build("qwen2_vl", model=False)
+    pixels = np.random.default_rng(orientation).integers(0, 255, (16, 80, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", exif=exif.tobytes(), quality=95)
+    data = buffer.getvalue()
+    document = {
+        "messages": [
+            {"role": "user", "content": "<image>Which way is up?"},
+            {"role": "assistant", "content": "This way."},
+        ],
+        "images": ["a.jpg"],
+    }
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    sample = ConversationSample(
+        __key__="x",
+        __restore_key__=(),
+        **load_conversation(raw_sample("x", document, {"a.jpg": data})),
+    )
+    encoded = te.encode_sample(sample)
+    source = te.chat.source(
+        key="x",
+        input_ids=encoded.input_ids,
+        token_mask=encoded.token_mask,
+        images=encoded.images,
+        config=te.config,
+    )
+    upright = load_image(Image.open(io.BytesIO(data)))
+    assert upright.size == (16, 80)  # (width, height) after the rotation
+    text = processor.apply_chat_template(hf_messages(document), tokenize=False)
+    reference = processor(text=[text], images=[[upright]], return_tensors="np")
+    assert source.media["image_grid_thw"].tolist() == reference["image_grid_thw"].tolist()
+    assert np.array_equal(source.media["pixel_values"], reference["pixel_values"])
+    assert encoded.input_ids.tolist() == reference["input_ids"][0].tolist()
+
+
+def test_pack_time_checks_the_image_side_against_the_encoded_ids():
+    """Ids are not tokenized again at pack time, so the image processor's real outputs are
+    checked against them: a size rule that disagrees, or ids with another image-token count,
+    is a ProcessorMismatchError naming the family."""
+    import dataclasses
+
+    from energon_packing.encoding.processor import ProcessorMismatchError
+
+    processor, _, _ = build("qwen2_vl", model=False)
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    document = {
+        "messages": [
+            {"role": "user", "content": "<image>What is it?"},
+            {"role": "assistant", "content": "A square."},
+        ],
+        "images": ["a.png"],
+    }
+    sample = ConversationSample(
+        __key__="m",
+        __restore_key__=(),
+        **load_conversation(raw_sample("m", document, {"a.png": _png(150, 100)})),
+    )
+    encoded = te.encode_sample(sample)
+    fields = dict(key="m", token_mask=encoded.token_mask, images=encoded.images, config=te.config)
+    te.chat.source(input_ids=encoded.input_ids, **fields)  # consistent: no error
+    image_id = te.chat.image_token_id
+    ids = encoded.input_ids.tolist()
+    fewer = np.asarray(ids[: ids.index(image_id)] + ids[ids.index(image_id) + 1 :])
+    with pytest.raises(ProcessorMismatchError, match="qwen2_vl .* the encoded ids hold"):
+        te.chat.source(input_ids=fewer, **fields)
+    side = te.chat.images
+    rule = side.family.replacement_inputs
+    side.family = dataclasses.replace(
+        side.family,
+        replacement_inputs=lambda p, sizes: rule(p, [[(2 * h, w) for h, w in s] for s in sizes]),
+    )
+    with pytest.raises(ProcessorMismatchError, match="size rule"):
+        te.chat.source(input_ids=encoded.input_ids, **fields)

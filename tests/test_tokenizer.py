@@ -71,3 +71,29 @@ def test_a_tokenizer_is_required_and_the_bundled_one_is_named():
         PackingTaskEncoder(max_input_seq_length=64)
     te = PackingTaskEncoder(max_input_seq_length=64, tokenizer="bundled")
     assert te.tokenizer.name == "bundled" and te.tokenizer.vocab_size == 1633
+
+
+def test_fingerprints_name_the_tokenizer_and_the_builtin_layout(tmp_path):
+    """The same tokenizer by any route has one fingerprint; another tokenizer, other vision
+    settings or mRoPE give another (what a restore compares)."""
+    from energon_packing.encoding.builtin import BuiltinChat
+    from energon_packing.encoding.vision import VisionConfig
+
+    shutil.copy(BUNDLED_TOKENIZER, tmp_path / "tokenizer.json")
+    bundled = ChatTokenizer("bundled").fingerprint
+    assert len(bundled) == 16
+    assert ChatTokenizer(tmp_path / "tokenizer.json").fingerprint == bundled
+    assert ChatTokenizer(Tokenizer.from_file(str(BUNDLED_TOKENIZER))).fingerprint == bundled
+    assert pickle.loads(pickle.dumps(ChatTokenizer("bundled"))).fingerprint == bundled
+    other = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    other.add_special_tokens(["<|extra|>"])
+    assert ChatTokenizer(other).fingerprint != bundled
+
+    def chat(**knobs):
+        knobs.setdefault("mrope", False)
+        return BuiltinChat(ChatTokenizer("bundled"), **knobs).fingerprint
+
+    plain = chat(vision=VisionConfig())
+    assert chat(vision=VisionConfig()) == plain
+    assert chat(vision=VisionConfig(max_pixels=112 * 112)) != plain
+    assert chat(vision=VisionConfig(), mrope=True) != plain

@@ -3,7 +3,8 @@
 ``chat`` reads a conversation document into turns; two layouts turn them into tokens:
 ``builtin`` (ChatML with Qwen2-VL vision tokens over any tokenizer, no transformers needed) and
 ``processor`` (a model family's own Hugging Face processor: its chat template, image tokens and
-pixels). ``tokenizer`` adapts whatever tokenizer the user has; ``images`` reads image headers
+pixels; ``families`` holds each family's size rule, ``processor_loading`` builds a processor
+from a directory). ``tokenizer`` adapts whatever tokenizer the user has; ``images`` reads image headers
 and decodes within a pixel budget; ``vision`` is Qwen2-VL's image pipeline; ``positions``
 computes 1-D or mRoPE positions of one conversation.
 """
@@ -20,27 +21,42 @@ __all__ = ["make_chat"]
 
 def make_chat(*, tokenizer: Any = None, processor: Any = None, config: PackingConfig) -> Any:
     """The layout a task encoder uses: :class:`.builtin.BuiltinChat` over ``tokenizer``, or
-    :class:`.processor.ProcessorChat` over ``processor`` (an object or a local directory)."""
+    :class:`.processor.ProcessorChat` over ``processor`` (an object, or a local directory:
+    :func:`.processor_loading.load_processor`, which builds the family's processor or raises).
+
+    On a processor path the family decides mRoPE: ``mrope=True`` for a family without it, or an
+    explicit ``mrope=False`` for one with it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), raises.
+    """
     if processor is not None and tokenizer is not None:
         raise ValueError(
             "pass tokenizer= (the built-in ChatML + Qwen2-VL layout) or processor= (the model "
             "family's own chat template and image processing), not both"
         )
+    mrope = getattr(config, "mrope", None)
     if processor is None:
         from energon_packing.encoding.builtin import BuiltinChat
         from energon_packing.encoding.tokenizer import ChatTokenizer
 
-        if config.chat_template_kwargs:
+        if getattr(config, "chat_template_kwargs", None):
             raise ValueError("chat_template_kwargs applies to processor=, not to tokenizer=")
-        return BuiltinChat(ChatTokenizer(tokenizer), mrope=config.mrope)
-    from energon_packing.encoding.processor import ProcessorChat, load_processor
+        return BuiltinChat(
+            ChatTokenizer(tokenizer), mrope=bool(mrope), vision=getattr(config, "vision", None)
+        )
+    from energon_packing.encoding.processor import ProcessorChat
+    from energon_packing.encoding.processor_loading import load_processor
 
     if isinstance(processor, str) or hasattr(processor, "__fspath__"):
         processor = load_processor(processor)
     chat = ProcessorChat(processor, chat_template_kwargs=config.chat_template_kwargs)
-    if config.mrope and chat.mrope is None:
+    if mrope and chat.mrope is None:
         raise ValueError(
             f"mrope=True, but {chat.family_name} ({chat.name}) does not use mRoPE positions; on "
-            f"a processor path the family decides (Qwen2-VL, Qwen2.5-VL, Qwen3-VL do)"
+            f"a processor path the family decides: leave mrope unset"
+        )
+    if mrope is False and chat.mrope is not None:  # None is auto: False was asked for
+        raise ValueError(
+            f"mrope=False, but {chat.family_name} ({chat.name}) is an mRoPE family: its model "
+            f"reads 3-row (t, h, w) position ids, and 1-row ones would give it wrong positions; "
+            f"on a processor path the family decides: leave mrope unset"
         )
     return chat

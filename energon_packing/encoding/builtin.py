@@ -11,8 +11,10 @@ no transformers needed. Pure: no Energon, no torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from energon_packing.encoding.chat import (
 )
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
-from energon_packing.encoding.vision import grid_for, patchify, tokens_for
+from energon_packing.encoding.vision import VisionConfig, grid_for, patchify, tokens_for
 from energon_packing.schema import IMAGE_GRID_THW, PIXEL_VALUES, Source
 
 if TYPE_CHECKING:
@@ -114,8 +116,11 @@ class BuiltinChat:
 
     family_name = "builtin"
 
-    def __init__(self, tokenizer: ChatTokenizer, *, mrope: bool):
+    def __init__(
+        self, tokenizer: ChatTokenizer, *, mrope: bool, vision: VisionConfig | None = None
+    ):
         self.tokenizer = tokenizer
+        self.vision = vision
         special = tokenizer.special
         self.pad_id = special.pad
         self.image_token_id = special.image_pad
@@ -127,6 +132,21 @@ class BuiltinChat:
 
     def __repr__(self) -> str:
         return f"BuiltinChat({self.tokenizer.name})"
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of what decides ids, masks and pixels on this path: the tokenizer's
+        identity (:attr:`ChatTokenizer.fingerprint`), its special ids, the vision settings and
+        mRoPE. Equal across processes for equal inputs."""
+        parts = {
+            "layout": self.family_name,
+            "tokenizer": self.tokenizer.fingerprint,
+            "special": asdict(self.tokenizer.special),
+            "vision": asdict(self.vision) if self.vision is not None else None,
+            "mrope": asdict(self.mrope) if self.mrope is not None else None,
+        }
+        blob = json.dumps(parts, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def encode(self, *, config: PackingConfig, **fields: Any) -> Encoding:
         return encode(tokenizer=self.tokenizer, config=config, **fields)

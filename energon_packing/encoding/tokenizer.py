@@ -13,6 +13,8 @@ Special tokens carry Qwen2-VL's names by default (ChatML plus the vision tokens)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -73,6 +75,22 @@ class ChatTokenizer:
 
     def __repr__(self) -> str:
         return f"ChatTokenizer({self.name})"
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the tokenizer itself (its serialized model, vocabulary, added tokens and
+        normalization), equal across processes for equal tokenizers; computed once."""
+        found = getattr(self, "_fingerprint", None)
+        if found is None:
+            inner = self._inner
+            backend = getattr(inner, "backend_tokenizer", None) if self._is_hf else inner
+            if backend is not None:
+                blob = backend.to_str()
+            else:  # a slow Hugging Face tokenizer: its vocabulary and class
+                vocab = sorted(inner.get_vocab().items())
+                blob = json.dumps([type(inner).__name__, vocab], ensure_ascii=False)
+            found = self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return found
 
     @property
     def vocab_size(self) -> int:

@@ -10,9 +10,9 @@ downloaded. Families: :data:`FAMILIES`.
 
 Two accommodations, neither of which touches image processing:
 
-* processors that type-check a ``video_processor`` argument (Qwen2/2.5/3-VL, LLaVA-OneVision)
-  get a same-named subclass that accepts ``None`` (the video processor classes need
-  torchvision; images never touch it);
+* processors that own a video processor (Qwen2/2.5/3-VL, LLaVA-OneVision) are built without it
+  (:func:`energon_packing.encoding.processor_loading.image_only`: the video processor classes
+  need torchvision; images never touch it);
 * a random Gemma 3 zeroes ``mm_input_projection_weight`` at init, so it gets random values
   (else images would never reach the logits and an equivalence test would prove nothing).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
     GEMMA3_TEMPLATE,
@@ -30,7 +31,7 @@ from energon_packing.testing.templates import (
     QWEN3_VL_TEMPLATE,
 )
 
-__all__ = ["FAMILIES", "build", "make_tokenizer", "video_optional"]
+__all__ = ["FAMILIES", "build", "make_tokenizer", "save_published"]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "llava_onevision")
 
@@ -84,25 +85,6 @@ def make_tokenizer(
     return tokenizer
 
 
-class _VideoOptional:
-    """Accepts ``video_processor=None`` (transformers 5.x type-checks it even when unused)."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
-_SUBCLASSES: dict[type, type] = {}
-
-
-def video_optional(cls: type) -> type:
-    """``cls`` (a processor class) accepting ``video_processor=None``; same name, same images."""
-    if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (_VideoOptional, cls), {"__module__": __name__})
-    return _SUBCLASSES[cls]
-
-
 def _tiny_text(tokenizer: Any, **fields: Any) -> dict:
     """A two-layer, 64-wide language model config over ``tokenizer``'s vocabulary."""
     return dict(
@@ -130,7 +112,7 @@ def _tiny_siglip(*, model_type: str | None = "siglip_vision_model", **fields: An
     )
 
 
-def _qwen(family: str) -> tuple[Any, Any, dict]:
+def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
     import torch
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -176,17 +158,18 @@ def _qwen(family: str) -> tuple[Any, Any, dict]:
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    processor = video_optional(processor_cls)(
+    processor = image_only(processor_cls)(
         image_processor=Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, **image_processor),
         tokenizer=tokenizer,
-        video_processor=None,
         chat_template=template,
     )
+    if not model:
+        return processor, None, {"family": family}
     torch.manual_seed(0)
     return processor, model_cls(config).eval(), {"family": family}
 
 
-def _gemma3() -> tuple[Any, Any, dict]:
+def _gemma3(model: bool) -> tuple[Any, Any, dict]:
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
@@ -226,15 +209,17 @@ def _gemma3() -> tuple[Any, Any, dict]:
         eoi_token_index=tokenizer.eoi_token_id,
         image_token_index=tokenizer.image_token_id,
     )
+    info = {"family": "gemma3", "sliding_window": 8, "image_token_id": tokenizer.image_token_id}
+    if not model:
+        return processor, None, info
     torch.manual_seed(0)
     model = Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():  # zero at init: images would never reach the logits
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.5)
-    info = {"family": "gemma3", "sliding_window": 8, "image_token_id": tokenizer.image_token_id}
     return processor, model, info
 
 
-def _idefics3() -> tuple[Any, Any, dict]:
+def _idefics3(model: bool) -> tuple[Any, Any, dict]:
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import (
@@ -270,11 +255,13 @@ def _idefics3() -> tuple[Any, Any, dict]:
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
+    if not model:
+        return processor, None, {"family": "idefics3"}
     torch.manual_seed(0)
     return processor, Idefics3ForConditionalGeneration(config).eval(), {"family": "idefics3"}
 
 
-def _llava_onevision() -> tuple[Any, Any, dict]:
+def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
     import torch
     from transformers import (
         LlavaOnevisionConfig,
@@ -290,7 +277,7 @@ def _llava_onevision() -> tuple[Any, Any, dict]:
     )
     side, patch = 28, 7  # a 28 px base tile: 4x4 = 16 features
     pinpoints = [[side * a, side * b] for a in (1, 2, 3) for b in (1, 2, 3)]
-    processor = video_optional(LlavaOnevisionProcessor)(
+    processor = image_only(LlavaOnevisionProcessor)(
         image_processor=LlavaOnevisionImageProcessorPil(
             size={"height": side, "width": side},
             image_grid_pinpoints=pinpoints,
@@ -298,7 +285,6 @@ def _llava_onevision() -> tuple[Any, Any, dict]:
             image_std=[0.5] * 3,
         ),
         tokenizer=tokenizer,
-        video_processor=None,
         num_image_tokens=(side // patch) ** 2,
         vision_feature_select_strategy="full",
         chat_template=LLAVA_ONEVISION_TEMPLATE,
@@ -314,16 +300,44 @@ def _llava_onevision() -> tuple[Any, Any, dict]:
         image_grid_pinpoints=pinpoints,
         vision_aspect_ratio="anyres_max_9",
     )
+    if not model:
+        return processor, None, {"family": "llava_onevision"}
     torch.manual_seed(0)
     model = LlavaOnevisionForConditionalGeneration(config).eval()
     return processor, model, {"family": "llava_onevision"}
 
 
-def build(family: str) -> tuple[Any, Any, dict]:
-    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES`; offline, CPU."""
+def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
+    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES`; offline, CPU.
+    ``model=False``: the processor alone (the model is None), much faster."""
     if family.startswith("qwen"):
-        return _qwen(family)
+        return _qwen(family, model)
     builders = {"gemma3": _gemma3, "idefics3": _idefics3, "llava_onevision": _llava_onevision}
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
-    return builders[family]()
+    return builders[family](model)
+
+
+def save_published(processor: Any, directory: Any) -> None:
+    """Writes ``processor`` as a published model's directory lays it out: the tokenizer's files,
+    ``preprocessor_config.json`` (the image processor under its published class name, e.g.
+    ``Qwen2VLImageProcessor``, with ``processor_class``), ``processor_config.json`` (the
+    processor's own settings, e.g. ``image_seq_length``) and ``chat_template.jinja``."""
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    processor.tokenizer.save_pretrained(str(directory))
+    name = type(processor).__name__
+    image = processor.image_processor.to_dict()
+    image["image_processor_type"] = type(processor.image_processor).__name__.removesuffix("Pil")
+    image["processor_class"] = name
+    (directory / "preprocessor_config.json").write_text(json.dumps(image, indent=2, default=int))
+    own = {
+        k: v
+        for k, v in processor.to_dict().items()
+        if k not in ("image_processor", "video_processor", "tokenizer", "chat_template")
+    }
+    (directory / "processor_config.json").write_text(json.dumps({**own, "processor_class": name}))
+    (directory / "chat_template.jinja").write_text(processor.chat_template)

@@ -1,0 +1,149 @@
+"""The image side of a Hugging Face processor, apart from its text side.
+
+What a processor's own ``__call__`` does with images, without tokenizing anything: each image
+placeholder's expansion (``replace_image_token``, from the family's size rule at encode time or
+from the image processor's real outputs at pack time), the image processor run with the
+processor's own image keyword arguments, the model inputs it keeps, and the token-aligned
+fields it derives from the ids (``mm_token_type_ids``). Also what the chat template writes
+around a placeholder, so that a whole image is known and never trained. No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from energon_packing.encoding.chat import Skip, brief
+from energon_packing.encoding.families import Family
+from energon_packing.encoding.images import decode
+
+__all__ = ["ImageSide", "ProcessorMismatchError"]
+
+
+class ProcessorMismatchError(ValueError):
+    """The image processor's real outputs expand an image otherwise than its size rule."""
+
+
+class ImageSide:
+    """A processor's image work for one family.
+
+    Args:
+        processor: A processor of ``family``.
+        family: Its :class:`~energon_packing.encoding.families.Family`.
+        render: Renders messages with the chat template (text only).
+    """
+
+    def __init__(self, processor: Any, family: Family, render: Callable[[list[dict]], str]):
+        self.processor = processor
+        self.family = family
+        # what the processor's own __call__ passes its image processor, and keeps of it
+        merged = processor._merge_kwargs(
+            tokenizer_init_kwargs=processor.tokenizer.init_kwargs, return_tensors="np"
+        )
+        self.images_kwargs = dict(merged["images_kwargs"])
+        unused = set(getattr(processor, "unused_input_names", None) or ())
+        names = processor.image_processor.model_input_names
+        self.fields = tuple(n for n in names if n not in unused)
+        returns_types = getattr(processor, "return_mm_token_type_ids", False)
+        self.token_types = family.token_types if returns_types else None
+        self.markup = _markup(render, processor.image_token)
+        # the tokens the model fills with vision features (Gemma 3: not its placeholder)
+        ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
+        if not ids:
+            ids = [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
+        self._slot_ids = np.asarray(ids, dtype=np.int64)
+        self._slot_tokens = processor.tokenizer.convert_ids_to_tokens(ids)
+
+    def replacements(self, sizes: Sequence[Any], inputs: dict | None = None) -> list[str]:
+        """Each image's expansion by the processor's own ``replace_image_token``: from the
+        family's size rule on ``(height, width)`` sizes, or from the image processor's real
+        ``inputs``."""
+        if inputs is None:
+            inputs = self.family.replacement_inputs(self.processor, [list(sizes)])
+        return [self.processor.replace_image_token(inputs, i) for i in range(len(sizes))]
+
+    def expand(self, text: str, sizes: list[tuple[int, int]]) -> tuple[str, list, list]:
+        """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone;
+        ``shifts``: ``(end of the placeholder in text, characters it gained)`` per image;
+        ``spans``: each image's characters in the expanded text, markup included."""
+        (expanded,), (offsets,) = self.processor.get_text_with_replacements(
+            [text], images_replacements=self.replacements(sizes)
+        )
+        if len(offsets) != len(sizes):
+            raise Skip(
+                "placeholder_mismatch",
+                f"the rendered text holds {len(offsets)} image placeholder(s) for "
+                f"{len(sizes)} image(s)",
+            )
+        before, after = self.markup
+        shifts, spans = [], []
+        for o in offsets:
+            (start, end), (new_start, new_end) = o["span"], o["new_span"]
+            shifts.append((end, (new_end - new_start) - (end - start)))
+            lead = len(before) if text[max(0, start - len(before)) : start] == before else 0
+            trail = len(after) if text[end : end + len(after)] == after else 0
+            spans.append((new_start - lead, new_end + trail))
+        return expanded, shifts, spans
+
+    def media(self, *, key: str, images: Sequence[bytes], input_ids: Any, config: Any) -> dict:
+        """The image processor's model inputs for one conversation's images (decoded here),
+        checked: its real outputs must expand each image as the size rule does, and the ids
+        (encoded from the headers' sizes) must hold as many image tokens as they expand to.
+
+        Raises:
+            ImageError: an image does not decode (a data skip).
+            ProcessorMismatchError: the real outputs expand an image otherwise.
+        """
+        if not images:
+            return {}
+        budget = getattr(config, "max_image_pixels", None)
+        high_bit_depth = getattr(config, "high_bit_depth", None) or "scale"
+        decoded = [decode(d, max_pixels=budget, high_bit_depth=high_bit_depth) for d in images]
+        sizes = [(image.height, image.width) for image in decoded]
+        processed = self.processor.image_processor([decoded], **self.images_kwargs)
+        real = self.replacements(decoded, processed)
+        predicted = self.replacements(sizes)
+        slots = sum(r.count(t) for r in real for t in self._slot_tokens)
+        held = int(np.isin(np.asarray(input_ids), self._slot_ids).sum())
+        if real != predicted or slots != held:
+            raise ProcessorMismatchError(
+                f"{self.family.name} ({type(self.processor).__name__}): sample {brief(key)} "
+                f"with image (height, width) {sizes}: the image processor expands them to "
+                f"{[len(r) for r in real]} characters ({slots} image tokens), the size rule "
+                f"to {[len(r) for r in predicted]}, the encoded ids hold {held} image tokens; "
+                f"energon_packing.encoding.families disagrees with the processor"
+            )
+        return {n: np.asarray(processed[n]) for n in self.fields if n in processed}
+
+    def token_fields(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The token-aligned fields the processor derives from the ids (none for some)."""
+        if self.token_types is None:
+            return {}
+        types = self.processor.create_mm_token_type_ids([np.asarray(input_ids).tolist()])
+        return {self.token_types: np.asarray(types[0], dtype=np.int64)}
+
+
+def _markup(render: Callable[[list[dict]], str], image_token: str) -> tuple[str, str]:
+    """What the chat template writes before and after an image placeholder (e.g.
+    ``<|vision_start|>`` and ``<|vision_end|>``), from a probe message rendered with and
+    without an image; ``("", "")`` where the two renders do not tell."""
+    text = [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]
+    try:
+        plain = render([{"role": "user", "content": text}])
+        pictured = render([{"role": "user", "content": [text[0], {"type": "image"}, text[1]]}])
+    except Exception:  # a template that wants more than one user message
+        return "", ""
+    shorter = min(len(plain), len(pictured))
+    head = 0
+    while head < shorter and plain[head] == pictured[head]:
+        head += 1
+    tail = 0
+    while tail < shorter - head and plain[-1 - tail] == pictured[-1 - tail]:
+        tail += 1
+    markup = pictured[head : len(pictured) - tail]
+    if markup.count(image_token) != 1:
+        return "", ""
+    before, after = markup.split(image_token)
+    return before, after

@@ -1,0 +1,170 @@
+"""A Hugging Face processor from a local directory: the family's own, or a loud error.
+
+Rules (nothing is downloaded; a failure is never turned into a text tokenizer):
+
+* A directory with no processor config (no ``preprocessor_config.json``,
+  ``processor_config.json`` or ``video_preprocessor_config.json``) is a text model: its
+  tokenizer is loaded (``AutoTokenizer``).
+* Otherwise ``AutoProcessor`` builds the family's processor (its image processor on Pillow
+  where torchvision is absent), or its error is raised with the fix.
+* Where torchvision cannot be imported (a CPU-only torch wheel), a processor that also owns a
+  video processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision, ...) cannot be built by
+  ``AutoProcessor``: its video processor classes need torchvision. It is built image-only
+  instead, by the processor class's own ``from_pretrained`` with the video processor left out
+  (:func:`image_only`); images go through the same PIL image processor either way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["image_only", "load_processor"]
+
+logger = logging.getLogger(__name__)
+
+#: Files that make a directory a processor (anything else with a tokenizer: a text model).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+VIDEO_FILES = ("video_preprocessor_config.json",)
+
+_IMAGE_ONLY: dict[type, type] = {}
+
+
+def image_only(cls: type) -> type:
+    """``cls`` (a transformers processor class) without its video processor: same name, same
+    image processing.
+
+    transformers 5.x makes every processor that lists a ``video_processor`` load and
+    type-check one, and the video processor classes import torchvision. The subclass drops the
+    attribute from ``get_attributes`` (the list ``from_pretrained`` loads and ``__init__``
+    checks); ``video_processor`` reads None, so asking it for videos fails there, loudly.
+    Instances pickle (to spawned loader workers): the class is found again by its qualified
+    name through this module's ``__getattr__``.
+    """
+    if cls not in _IMAGE_ONLY:
+
+        @classmethod
+        def get_attributes(klass: type) -> list[str]:
+            return [a for a in super(subclass, klass).get_attributes() if a != "video_processor"]
+
+        subclass = type(
+            cls.__name__,
+            (cls,),
+            {
+                "get_attributes": get_attributes,
+                "video_processor": None,
+                "__module__": __name__,
+                "__qualname__": _PREFIX + cls.__name__,
+                "__doc__": f"{cls.__name__} without its video processor (no torchvision).",
+            },
+        )
+        _IMAGE_ONLY[cls] = subclass
+    return _IMAGE_ONLY[cls]
+
+
+_PREFIX = "_image_only_"
+
+
+def __getattr__(name: str) -> type:
+    """Module attributes ``_image_only_<Processor>`` (how pickle finds :func:`image_only`
+    classes in a fresh process)."""
+    found = _transformers_class(name[len(_PREFIX) :]) if name.startswith(_PREFIX) else None
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return image_only(found)
+
+
+def _processor_class_name(path: Path) -> str | None:
+    for name in (*PROCESSOR_FILES, "tokenizer_config.json"):
+        file = path / name
+        if file.is_file():
+            try:
+                found = json.loads(file.read_text()).get("processor_class")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(found, str):
+                return found
+    return None
+
+
+def _torchvision_available() -> bool:
+    from transformers.utils import is_torchvision_available
+
+    return bool(is_torchvision_available())
+
+
+def load_processor(path: str | Path) -> Any:
+    """The processor saved in a local directory (or, for a text model, its tokenizer).
+
+    Raises:
+        ValueError: the path is no directory, or the processor (or tokenizer) it holds does not
+            load; the message carries the loader's error and the fix.
+    """
+    from transformers import AutoProcessor, AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"processor path {str(path)!r} is not a directory (nothing is downloaded)")
+    if not any((path / name).is_file() for name in (*PROCESSOR_FILES, *VIDEO_FILES)):
+        try:  # a text model: its tokenizer (and the chat template it carries)
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as e:
+            raise ValueError(
+                f"{path} holds no processor config ({', '.join(PROCESSOR_FILES)}), so it is read "
+                f"as a text model, but its tokenizer does not load: {_cause(e)}"
+            ) from e
+    class_name = _processor_class_name(path)
+    processor_cls = _transformers_class(class_name)
+    if (
+        processor_cls is not None
+        and "video_processor" in processor_cls.get_attributes()
+        and not _torchvision_available()
+    ):
+        logger.info(
+            "%s: building %s without its video processor (no torchvision)", path, class_name
+        )
+        try:
+            return image_only(processor_cls).from_pretrained(str(path), local_files_only=True)
+        except Exception as e:
+            raise ValueError(
+                f"{path}: {class_name} (image-only: torchvision is not installed) does not "
+                f"load: {_cause(e)}. Fix the directory; {_TEXT}"
+            ) from e
+    try:
+        processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:
+        raise ValueError(
+            f"{path}: the processor ({class_name or 'class not named in its config'}) does not "
+            f"load: {_cause(e)}. Fix the directory (or install what the error names); {_TEXT}"
+        ) from e
+    if getattr(processor, "image_processor", None) is None:
+        raise ValueError(
+            f"{path} holds a processor config, but AutoProcessor built a "
+            f"{type(processor).__name__}, not a processor with an image processor; {_TEXT}"
+        )
+    return processor
+
+
+_TEXT = (
+    "for text only, pass processor=AutoTokenizer.from_pretrained(DIR) (its chat template) or "
+    "tokenizer=DIR (--tokenizer DIR: the built-in ChatML layout)"
+)
+
+
+def _cause(error: Exception) -> str:
+    """The loader's error in one line, cut where transformers lists every known type."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text if len(text) <= 400 else text[:400] + '...'}"
+
+
+def _transformers_class(name: str | None) -> type | None:
+    if not name:
+        return None
+    import transformers
+
+    try:
+        return getattr(transformers, name)
+    except (AttributeError, ImportError):
+        return None

@@ -1,0 +1,100 @@
+"""Text-side helpers of the processor path: fast prefix renders and the span loss mask.
+
+Pure Python over a compiled chat template and tokenizer offsets; no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["compiled_renderer", "span_mask"]
+
+
+class _Compiled:
+    """A chat template compiled by transformers, called directly; pickles by its source."""
+
+    def __init__(self, template: str, variables: dict):
+        self.template, self.variables = template, variables
+        self._compile()
+
+    def _compile(self) -> None:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        self.compiled = _compile_jinja_template(self.template)
+
+    def __getstate__(self) -> dict:
+        return {"template": self.template, "variables": self.variables}
+
+    def __setstate__(self, state: dict) -> None:
+        self.template, self.variables = state["template"], state["variables"]
+        self._compile()
+
+    def __call__(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.compiled.render(
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self.variables,
+        )
+
+
+def compiled_renderer(
+    template: Any, variables: dict, render: Callable[..., str], images: bool
+) -> Callable[..., str] | None:
+    """The compiled chat template called directly (what ``apply_chat_template`` calls, minus
+    its per-call conversions: half the cost), where it renders a probe conversation exactly as
+    ``render`` (the processor's ``apply_chat_template``) does; else None.
+
+    Used for the prefix renders that locate assistant turns only: the conversation itself is
+    always rendered by ``apply_chat_template``, and a prefix that differs from it fails the
+    prefix check (a ``template_error`` skip), never silently.
+    """
+    if not isinstance(template, str):
+        return None
+    try:
+        fast = _Compiled(template, variables)
+    except Exception:  # another transformers release: apply_chat_template alone
+        return None
+    parts = [{"type": "text", "text": "A"}] + [{"type": "image"}] * images
+    probe = [
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": [{"type": "text", "text": "B"}]},
+    ]
+    try:
+        same = all(
+            fast(m, add_generation_prompt=g) == render(m, add_generation_prompt=g)
+            for m, g in ((probe, False), (probe[:1], True))
+        )
+    except Exception:
+        return None
+    return fast if same else None
+
+
+def span_mask(
+    offsets: list[tuple[int, int]],
+    shifts: list[tuple[int, int]],
+    spans: list[tuple[int, int]],
+    weight: float,
+) -> list[float]:
+    """Loss weight on every token overlapping a trained character span of the rendered text
+    (spans moved past expanded image placeholders, as the processor moves them: ``shifts`` are
+    ``(end of the placeholder, characters it gained)``); 0 elsewhere."""
+    ends = [end for end, _ in shifts]
+    gained = [0]
+    for _, g in shifts:
+        gained.append(gained[-1] + g)
+    token_ends = [e for _, e in offsets]
+    mask = [0.0] * len(offsets)
+    for start, end in spans:
+        start += gained[bisect.bisect_right(ends, start)]
+        end += gained[bisect.bisect_right(ends, end - 1)]
+        for i in range(bisect.bisect_right(token_ends, start), len(offsets)):
+            token_start, token_end = offsets[i]
+            if token_start >= end:
+                break
+            if token_end > start and token_end > token_start:
+                mask[i] = weight
+    return mask
