@@ -39,6 +39,7 @@ _LAZY = {
     "MetricsAggregator": "stats",
     "SkipWarning": "stats",
     "PackContractError": "schema",
+    "load_processor": "encoding.processor_loading",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -51,7 +51,7 @@ def single_row(batch, r):
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param((False, 12), id="rope-subset"),
+        pytest.param((False, 12), id="rope-subset", marks=pytest.mark.slow),  # mrope covers more
         pytest.param((True, 12), id="mrope-subset"),
         pytest.param((False, 50), id="rope-full", marks=pytest.mark.slow),
         pytest.param((True, 50), id="mrope-full", marks=pytest.mark.slow),

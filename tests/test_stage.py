@@ -97,7 +97,8 @@ def test_carry_beats_energons_chunking_through_the_loader(sized_dataset):
     assert 1 <= metrics["packing/carry/held_rounds_max"] <= te.config.max_carries
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+# workers 2 with carry: also test_reliability's accounting test, in the default set
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_carry_exactly_once_over_ranks_and_workers(sized_dataset, workers):
     seen = []
     for rank in range(2):

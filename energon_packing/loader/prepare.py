@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from energon_packing.errors import describe
 from energon_packing.loader.shards import (
     LOSSES_FILE,
     Scan,
@@ -245,9 +246,9 @@ def prepare_dataset(
             code = e.code
         except ValueError as e:
             if not _failed_in_preview(output.getvalue()):
-                code = f"{type(e).__name__}: {e}"
+                code = describe(e)
         except Exception as e:  # click's usage errors, Energon's own
-            code = f"{type(e).__name__}: {e}"
+            code = describe(e)
     if code not in (0, None):
         raise RuntimeError(f"energon prepare {path} failed ({code}):\n{output.getvalue()}")
     found = sorted([*earlier, *scan.findings], key=lambda f: (f.shard, f.offset))

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from energon_packing import __version__
+from energon_packing.errors import describe
 from energon_packing.loader.loading import epoch
 from energon_packing.schema import is_empty
 
@@ -76,9 +77,9 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
                 repeat=False,
             )
     except Exception as e:  # Energon: bare AssertionError, TypeError, ModuleNotFoundError ...
-        why = " ".join(str(e).split())[:300] or "(no message)"
+        why = " ".join(describe(e).split())  # one line, whatever Energon's message holds
         raise click.BadParameter(
-            f"{meta / 'dataset.yaml'} does not load ({type(e).__name__}: {why}); fix it, or "
+            f"{meta / 'dataset.yaml'} does not load ({why}); fix it, or "
             f"rewrite it with `energon-packing prepare {path}`",
             ctx=ctx,
             param=param,
@@ -258,7 +259,8 @@ def _encoder_options(fn):
                 "--max-pixels",
                 default=None,
                 type=int,
-                help="Qwen2-VL max_pixels (default 1003520).",
+                help="Built-in layout: Qwen2-VL max_pixels, the resize target (default 1003520); "
+                "with --processor set it in the processor's preprocessor_config.json.",
             ),
             click.option(
                 "--overlong",
