@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from helpers import SAMPLE_DATA
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from energon_packing.loader.shards import (
     LOSSES_FILE,
@@ -99,6 +101,72 @@ def test_the_walk_reads_what_tarfile_reads(tmp_path):
             expected = [(m.name, m.offset, m.offset_data, m.size) for m in reference]
         assert [(m.name, m.offset, m.offset_data, m.size) for m in members] == expected, path
         assert how == "end"
+
+
+_NAME_CHARS = st.characters(codec="utf-8", exclude_characters="\0/", exclude_categories=["Cs"])
+_PART = st.text(_NAME_CHARS, min_size=1, max_size=12) | st.sampled_from(["a.json", ".", "x"])
+
+
+_MEMBER = st.fixed_dictionaries(
+    {
+        "name": st.builds(
+            lambda parts, end: "/".join(parts) + end,
+            st.lists(_PART, min_size=1, max_size=3),
+            st.sampled_from(["", ".json", ".img0.jpg", "x" * 120 + ".png"]),
+        ),
+        "type": st.sampled_from([tarfile.REGTYPE] * 4 + [tarfile.DIRTYPE, tarfile.SYMTYPE]),
+        "mtime": st.sampled_from([0, 1_700_000_000, 1_700_000_000.25]),
+        "comment": st.text(_NAME_CHARS, max_size=3) | st.just("c" * 700),
+        "size": st.integers(0, 1500),
+    }
+)
+
+
+def random_tar(fmt: int, members: list[dict]) -> bytes:
+    """A tar as Python's tarfile (WebDataset's writer) writes it; names ustar cannot hold are
+    left out."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt, encoding="utf-8") as writer:
+        for spec in members:
+            info = tarfile.TarInfo(spec["name"])
+            info.type, info.mtime = spec["type"], spec["mtime"]
+            if fmt == tarfile.PAX_FORMAT and spec["comment"]:
+                info.pax_headers = {"comment": spec["comment"]}
+            if info.type == tarfile.SYMTYPE:
+                info.linkname = "target.json"
+            try:
+                if info.isreg():
+                    info.size = spec["size"]
+                    writer.addfile(info, io.BytesIO(bytes(info.size)))
+                else:
+                    writer.addfile(info)
+            except ValueError:  # a name ustar cannot hold
+                pass
+    return out.getvalue()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    fmt=st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]),
+    members=st.lists(_MEMBER, max_size=8),
+)
+def test_the_walk_reads_what_tarfile_reads_on_random_tars(fmt, members):
+    """The fast walk (pax headers read inline, checksums in batches) against Python's
+    tarfile, member for member, on random names (unicode, dots, folders, past 100 and 255
+    bytes), sizes, member types, float mtimes and extra pax records (one block of records, or
+    several)."""
+    import tempfile
+
+    data = random_tar(fmt, members)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "x.tar"
+        path.write_bytes(data)
+        with open(path, "rb") as f:
+            got, how, _ = walk(f, len(data), 0)
+        with tarfile.open(path, encoding="utf-8") as reference:
+            expected = [(m.name, m.offset, m.offset_data, m.size, m.isreg()) for m in reference]
+    assert [(m.name, m.offset, m.offset_data, m.size, m.kind == "file") for m in got] == expected
+    assert how == "end"
 
 
 def test_a_clean_shard_has_no_findings(tmp_path):

@@ -300,7 +300,7 @@ def scan_shard(path: Path | str, *, name: str | None = None) -> tuple[ShardScan,
     for member, why in lost_members:
         find(member, "lost_in_shard", why, lost=_is_json(member.name) and member.kind == "file")
 
-    samples = _group(reached)
+    samples, outside = _group(reached)
     if how == "cut" and samples and last is not None:
         cut_sample = samples.pop()  # the sample holding the cut member goes with it
         summary.cut_at = cut_sample[1][0].offset
@@ -315,10 +315,9 @@ def scan_shard(path: Path | str, *, name: str | None = None) -> tuple[ShardScan,
     summary.samples = len(samples)
     summary.keys = [(key, members[0].offset) for key, members in samples]
 
-    grouped = {id(m) for _, members in samples for m in members}
-    sample_keys = {key for key, _ in samples}
-    sample_of = {id(m): (key, members) for key, members in samples for m in members}
-    for member in reached:
+    # members no sample holds (rare): one pass over those only
+    sample_keys = {key for key, _ in samples} if outside else set()
+    for member in outside:
         if summary.cut_at is not None and member.offset >= summary.cut_at:
             continue  # the cut sample: reported above
         if member.kind != "file":
@@ -337,30 +336,34 @@ def scan_shard(path: Path | str, *, name: str | None = None) -> tuple[ShardScan,
                     # a link stands for a document; a directory, device or fifo holds none
                     lost=alone and _is_json(member.name) and member.kind.endswith("link"),
                 )
-        elif id(member) not in grouped:
+        else:
             if is_meta(member.name):
                 detail = "a __meta__ name: Energon skips it"
             else:
                 detail = "no dot after a non-empty stem: no sample can hold it"
             find(member, "unreachable_part", detail, lost=_is_json(member.name))
-        elif _is_json(member.name):
-            key, sample = sample_of[id(member)]
-            meant = member.name[: -len(".json")]
-            if meant != key:
-                mates = [m.name for m in sample if m is not member]
+    # the samples: one pass, findings only for what is wrong (a member's own findings in the
+    # order dotted_key, duplicate_key, missing_json, as the sort below keeps them)
+    for key, members in samples:
+        start = len(key) + 1
+        names = [m.name[start:] for m in members]
+        if "json" in names and len(set(names)) == len(names) and ".json" not in "/".join(names):
+            continue  # the common sample: one document, parts apart, no dotted key ("/" is
+            # in no part name, so no ".json" spans two)
+        parts: dict[str, Member] = {}
+        for member in members:
+            part = member.name[start:]
+            if part != "json" and part.endswith(".json"):
+                mates = [m.name for m in members if m is not member]
                 find(
                     member,
                     "dotted_key",
                     f"WebDataset cuts the key at the first dot: key {key!r}, part "
-                    f"{member.name[len(key) + 1 :]!r}, one sample with {len(mates)} other "
+                    f"{part!r}, one sample with {len(mates)} other "
                     f"member(s) ({', '.join(mates[:3])}{', ...' if len(mates) > 3 else ''})",
-                    key=meant,
+                    key=member.name[: -len(".json")],
                     lost=True,
                 )
-    for key, members in samples:
-        parts: dict[str, Member] = {}
-        for member in members:
-            part = member.name[len(key) + 1 :]
             earlier = parts.get(part)
             if earlier is not None:
                 find(
@@ -385,20 +388,30 @@ def scan_shard(path: Path | str, *, name: str | None = None) -> tuple[ShardScan,
     return summary, findings
 
 
-def _group(members: Iterable[Member]) -> list[tuple[str, list[Member]]]:
-    """Energon's prepare: regular, non-meta members whose name splits, consecutive same key."""
+def _group(members: Iterable[Member]) -> tuple[list[tuple[str, list[Member]]], list[Member]]:
+    """Energon's prepare: regular, non-meta members whose name splits, consecutive same key;
+    and the members no sample holds (not regular, ``__meta__``, or no key), in order."""
     samples: list[tuple[str, list[Member]]] = []
+    outside: list[Member] = []
+    key, group = None, []
     for member in members:
-        if member.kind != "file" or is_meta(member.name):
+        name = member.name
+        if member.kind != "file" or (name[:2] == "__" and is_meta(name)):
+            outside.append(member)
             continue
-        key = split_key(member.name)
-        if key is None:
-            continue
-        if samples and samples[-1][0] == key:
-            samples[-1][1].append(member)
+        if "/" in name or "\n" in name:
+            this = split_key(name)
+        else:  # split_key for a plain name: up to the first dot
+            stem, dot, _ = name.partition(".")
+            this = stem if dot and stem else None
+        if this is None:
+            outside.append(member)
+        elif this == key:
+            group.append(member)
         else:
-            samples.append((key, [member]))
-    return samples
+            key, group = this, [member]
+            samples.append((key, group))
+    return samples, outside
 
 
 def shard_paths(path: Path | str) -> list[str]:
