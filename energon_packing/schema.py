@@ -223,7 +223,14 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
 
 def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
     """Concatenated on dim 0; where the trailing dims differ (tiles or patches per image), each
-    part is zero-padded to the largest first, as a processor pads a batch."""
+    part is zero-padded to the largest first, as a processor pads a batch. Parts that are
+    consecutive pieces of one array (one image-processor call for a whole pack) are joined
+    without a copy: a view of that array."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = _adjacent(parts)
+    if joined is not None:
+        return joined
     trailing = {p.shape[1:] for p in parts}
     if len(trailing) > 1:
         widest = tuple(max(sizes) for sizes in zip(*trailing))
@@ -231,6 +238,31 @@ def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
             np.pad(p, [(0, 0), *((0, w - s) for s, w in zip(p.shape[1:], widest))]) for p in parts
         ]
     return np.concatenate(parts)
+
+
+def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
+    """The view of their common base that ``parts`` tile end to end (each C-contiguous, of one
+    dtype and trailing shape, each starting where the previous ends), or None."""
+    first = parts[0]
+    base = first.base
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
+        return None
+    end = first.__array_interface__["data"][0]
+    for p in parts:
+        if (
+            p.base is not base
+            or p.dtype != first.dtype
+            or p.shape[1:] != first.shape[1:]
+            or not p.flags.c_contiguous
+            or p.__array_interface__["data"][0] != end
+        ):
+            return None
+        end += p.nbytes
+    offset = first.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    shape = (sum(len(p) for p in parts), *first.shape[1:])
+    if offset < 0 or offset + (end - first.__array_interface__["data"][0]) > base.nbytes:
+        return None
+    return np.ndarray(shape, dtype=first.dtype, buffer=base, offset=offset)
 
 
 def check_pack(

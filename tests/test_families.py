@@ -316,7 +316,9 @@ def test_bad_input_on_a_processor_path(caplog):
             },
             {"a.png": _png(2000, 8)},
         )
-    assert te.stats.skipped["unsupported_image"] == 1
+    # the built-in path's reason (issue 17.1), never unsupported_image
+    assert dict(te.stats.skipped) == {"image_aspect_ratio": 1}
+    assert "aspect ratio of 250.0" in caplog.text
     bare = make_tokenizer()
     with pytest.raises(ValueError, match="has no chat template"):
         PackingTaskEncoder(max_input_seq_length=64, processor=bare)
@@ -590,3 +592,82 @@ def test_pack_time_checks_the_image_side_against_the_encoded_ids():
     )
     with pytest.raises(ProcessorMismatchError, match="size rule"):
         te.chat.source(input_ids=encoded.input_ids, **fields)
+
+
+def _noisy_png(width: int, height: int, seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_pack_takes_one_image_processor_call_and_a_bad_member_costs_only_itself(monkeypatch):
+    """Qwen's image processor takes each image alone: one call for a whole pack, split per
+    conversation, gives exactly the per-conversation outputs, and the pack joins them back
+    without a copy; a member whose image fails at pack time, or whose ids disagree with its
+    images, is skipped alone and its pack-mates keep their exact pixels."""
+    import dataclasses
+
+    from energon_packing.schema import Source, layout
+
+    processor, _, _ = build("qwen2_vl", model=False)
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    sizes = {"a": [(40, 60)], "b": [(90, 30), (50, 50)], "c": [], "d": [(56, 28)], "e": [(20, 70)]}
+    encoded = []
+    for n, (key, dims) in enumerate(sizes.items()):
+        names = [f"i{k}.png" for k in range(len(dims))]
+        document = {
+            "messages": [
+                {"role": "user", "content": "<image>" * len(dims) + "What is it?"},
+                {"role": "assistant", "content": "A picture."},
+            ],
+            "images": names,
+        }
+        images = {
+            name: _noisy_png(w, h, 10 * n + k) for k, (name, (w, h)) in enumerate(zip(names, dims))
+        }
+        fields = load_conversation(raw_sample(key, document, images))
+        encoded.append(
+            te.encode_sample(ConversationSample(__key__=key, __restore_key__=(), **fields))
+        )
+    side = te.chat.images
+    alone = [
+        side.media(key=e.__key__, images=e.images, input_ids=e.input_ids, config=te.config)
+        for e in encoded
+    ]
+    calls = []
+    image_processor = type(processor.image_processor)
+    real = image_processor.preprocess
+    monkeypatch.setattr(
+        image_processor, "preprocess", lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
+    )
+    sources = te._sources(encoded)
+    assert len(calls) == 1 and [s.key for s in sources] == list(sizes)
+    for source, media in zip(sources, alone):
+        assert source.media.keys() == media.keys()
+        for name, value in media.items():
+            assert np.array_equal(source.media[name], value), (source.key, name)
+    pack = layout(sources, width=4096, pad_multiple=1, pad_id=te.pad_id)
+    whole = np.concatenate([m["pixel_values"] for m in alone if m])
+    assert np.array_equal(pack.media["pixel_values"], whole)
+    assert np.shares_memory(pack.media["pixel_values"], sources[0].media["pixel_values"])
+    pack.check(image_pad_id=te.image_token_id)
+
+    ids = encoded[1].input_ids.copy()
+    ids[np.flatnonzero(ids == te.image_token_id)[0]] = 0  # one image token fewer than its image
+    bad = list(encoded)
+    bad[1] = dataclasses.replace(encoded[1], input_ids=ids)
+    bad[3] = dataclasses.replace(encoded[3], images=[encoded[3].images[0][:40]])  # cut bytes
+    sources = te._sources(bad)
+    assert [s.key for s in sources] == ["a", "c", "e"]
+    assert te.stats.skipped == {"source_error": 1, "corrupt_image": 1}
+    assert te.stats.skipped_keys == {"source_error": ["b"], "corrupt_image": ["d"]}
+    for source, media in zip(sources, [alone[0], alone[2], alone[4]]):
+        for name, value in media.items():
+            assert np.array_equal(source.media[name], value), (source.key, name)
+    assert all(isinstance(s, Source) for s in sources)

@@ -15,6 +15,7 @@ from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.schema import (
     IMAGE_GRID_THW,
     PackContractError,
+    Source,
     check_pack,
     collate,
     layout,
@@ -166,3 +167,40 @@ def test_collate_and_back_is_the_same_pack():
         assert np.array_equal(back.media[IMAGE_GRID_THW], pack.media[IMAGE_GRID_THW])
     rows = collate(packs, prepacked=False)
     assert "cu_seqlens" not in rows and rows["input_lengths"].tolist() == [5, 2]
+
+
+def test_media_that_are_pieces_of_one_array_are_joined_without_a_copy():
+    """One image-processor call for a whole pack: its sources' pixels are consecutive views of
+    one array, and the pack's are that array again (no copy); any other parts are copied, with
+    the same values."""
+    pixels = np.arange(60, dtype=np.float32).reshape(10, 6)
+
+    def piece(key, rows):
+        return Source(
+            key=key,
+            input_ids=[1, 2, 3],
+            token_mask=[0, 1, 1],
+            images=1,
+            media={"pixel_values": rows},
+        )
+
+    pack = layout(
+        [piece("a", pixels[0:4]), piece("b", pixels[4:10])], width=8, pad_multiple=1, pad_id=0
+    )
+    assert np.shares_memory(pack.media["pixel_values"], pixels)
+    assert np.array_equal(pack.media["pixel_values"], pixels)
+    gap = layout(
+        [piece("a", pixels[0:4]), piece("b", pixels[6:10])], width=8, pad_multiple=1, pad_id=0
+    )
+    assert not np.shares_memory(gap.media["pixel_values"], pixels)
+    assert np.array_equal(gap.media["pixel_values"], np.concatenate([pixels[:4], pixels[6:]]))
+    swapped = layout(
+        [piece("b", pixels[4:10]), piece("a", pixels[0:4])], width=8, pad_multiple=1, pad_id=0
+    )
+    assert np.array_equal(swapped.media["pixel_values"], np.concatenate([pixels[4:], pixels[:4]]))
+    other = np.arange(60, dtype=np.float32).reshape(10, 6)
+    mixed = layout(
+        [piece("a", pixels[0:4]), piece("b", other[4:10])], width=8, pad_multiple=1, pad_id=0
+    )
+    assert not np.shares_memory(mixed.media["pixel_values"], other)
+    assert np.array_equal(mixed.media["pixel_values"], pixels)

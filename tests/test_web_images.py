@@ -384,9 +384,8 @@ def run_web(path, workers: int, carry: bool, processor=None):
     return packed, aggregate.skipped, grids
 
 
-#: the processor path's reason for a Qwen2-VL aspect ratio over 200: processor.py (helper B's)
-#: reports the family's ValueError as unsupported_image today; image_aspect_ratio is the goal
-PROCESSOR_ASPECT = {"image_aspect_ratio", "unsupported_image"}
+#: the processor path's reason for a Qwen2-VL aspect ratio over 200: the same as the built-in's
+PROCESSOR_ASPECT = {"image_aspect_ratio"}
 
 
 def check_web(packed, skipped, grids, image_processor=None):

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from energon_packing.encoding.images import ImageError
+from energon_packing.encoding.vision import MAX_ASPECT_RATIO
+
 __all__ = ["FAMILIES", "Family", "family_of"]
 
 
@@ -33,15 +36,31 @@ def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     patch, merge = image_processor.patch_size, image_processor.merge_size
     grids = []
     for h, w in (s for per_text in sizes for s in per_text):
-        rh, rw = smart_resize(
-            h,
-            w,
-            factor=patch * merge,
-            min_pixels=image_processor.size["shortest_edge"],
-            max_pixels=image_processor.size["longest_edge"],
-        )
+        try:
+            rh, rw = smart_resize(
+                h,
+                w,
+                factor=patch * merge,
+                min_pixels=image_processor.size["shortest_edge"],
+                max_pixels=image_processor.size["longest_edge"],
+            )
+        except ValueError:
+            ratio = max(h, w) / min(h, w)
+            if ratio <= MAX_ASPECT_RATIO:
+                raise  # not the aspect rule: the caller reports it as unsupported_image
+            raise ImageError(
+                "image_aspect_ratio",
+                f"image of {w}x{h} px (upright) has an aspect ratio of {ratio:,.1f}, above "
+                f"{MAX_ASPECT_RATIO}, which {type(image_processor).__name__}'s smart_resize "
+                f"refuses; crop or pad such images (e.g. text lines) before packing",
+            ) from None
         grids.append([1, rh // patch, rw // patch])
     return {"image_grid_thw": np.asarray(grids, dtype=np.int64).reshape(-1, 3)}
+
+
+def _qwen_rows(processed: Any) -> dict[str, list[int]]:
+    grids = np.asarray(processed["image_grid_thw"]).reshape(-1, 3)
+    return {"pixel_values": grids.prod(axis=1).tolist(), "image_grid_thw": [1] * len(grids)}
 
 
 def _gemma3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
@@ -82,6 +101,10 @@ class Family:
         mrope: Qwen's 3-row (t, h, w) positions (else 1-D, restarting per conversation).
         token_types: The name under which the processor returns its
             ``create_mm_token_type_ids`` (None: it returns none).
+        image_rows: Where the image processor processes each image alone and concatenates
+            the outputs on dim 0 (no padding across images), the rows of each output field per
+            image: a pack's images then go through one image-processor call, split per
+            conversation after (None: one call per conversation).
     """
 
     name: str
@@ -89,6 +112,7 @@ class Family:
     replacement_inputs: Callable[[Any, list[list[tuple[int, int]]]], dict]
     mrope: bool = False
     token_types: str | None = None
+    image_rows: Callable[[Any], dict[str, list[int]]] | None = None
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -97,6 +121,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen2VLProcessor",),
         replacement_inputs=_qwen_inputs,
         mrope=True,
+        image_rows=_qwen_rows,
         token_types="mm_token_type_ids",
     ),
     Family(
@@ -104,6 +129,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen2_5_VLProcessor",),
         replacement_inputs=_qwen_inputs,
         mrope=True,
+        image_rows=_qwen_rows,
         token_types="mm_token_type_ids",
     ),
     Family(
@@ -111,6 +137,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen3VLProcessor",),
         replacement_inputs=_qwen_inputs,
         mrope=True,
+        image_rows=_qwen_rows,
         token_types="mm_token_type_ids",
     ),
     Family(

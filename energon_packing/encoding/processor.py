@@ -6,8 +6,10 @@ A conversation is rendered by the processor's chat template and tokenized exactl
 *headers* alone: the family's size rule (:mod:`.families`) feeds the processor's own expansion,
 so the predicted length is the real one and no pixel is decoded while a conversation waits in
 the buffer. Text is tokenized once, there. At pack time only the image side runs: the image
-processor on the decoded images, whose outputs must give the same expansion (a mismatch is an
-error naming the family, the image sizes and both expansions)::
+processor on the decoded images (one call for a whole pack where the family's image processor
+takes each image alone, as Qwen's does: the same values, a fraction of the per-call cost), whose
+outputs must give each conversation's expansion (a mismatch is an error naming the family, the
+image sizes and both expansions, and costs that conversation alone)::
 
     messages --template--> text --expand from sizes--> ids, loss mask     (encode: no pixels)
     decoded images --image processor--> pixel_values, ... (== predicted expansion)  (pack time)
@@ -52,9 +54,11 @@ from energon_packing.encoding.chat import (
     read_conversation,
 )
 from energon_packing.encoding.families import FAMILIES, family_of
+from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
 from energon_packing.encoding.rendering import compiled_renderer, span_mask
+from energon_packing.errors import describe
 from energon_packing.schema import Source
 
 if TYPE_CHECKING:
@@ -263,16 +267,18 @@ class ProcessorChat:
         except Skip:
             raise
         except Exception as e:  # the template's own checks (roles must alternate, ...)
-            raise Skip("template_error", f"{type(e).__name__}: {str(e)[:300]}") from None
+            raise Skip("template_error", describe(e)) from None
         try:
             ids, offsets, shifts, media = self._expand(text, sizes)
         except Skip:
             raise
-        except Exception as e:  # the family's size rule refuses the image (aspect ratio, ...)
+        except ImageError as e:  # a rule of the family's size rule (aspect ratio): data
+            raise Skip(e.reason, str(e)) from None
+        except Exception as e:  # the family's size rule refuses the image otherwise
             raise Skip(
                 "unsupported_image",
                 f"{self.family_name} cannot take image(s) of (height, width) {sizes}: "
-                f"{type(e).__name__}: {str(e)[:200]}",
+                f"{describe(e)}",
             ) from None
         mask = span_mask(offsets, shifts, spans, weight)
         for first, end in media:  # images are context, never trained (assistant turns too)
@@ -357,9 +363,48 @@ class ProcessorChat:
             ImageError: an image does not decode (a data skip).
             ProcessorMismatchError: the real outputs expand an image otherwise than predicted.
         """
-        media, tokens, positions = {}, {}, None
+        media = {}
         if self.images is not None:
             media = self.images.media(key=key, images=images, input_ids=input_ids, config=config)
+        return self._source(key, input_ids, token_mask, len(images), media)
+
+    def sources(
+        self, *, items: Sequence[Mapping[str, Any]], config: PackingConfig
+    ) -> list[Source | Exception]:
+        """:meth:`source` of each of one pack's conversations (``items``: its keyword
+        arguments), or the exception that conversation alone fails with; the pack's images go
+        through the image processor together where the family allows
+        (:meth:`~.processor_images.ImageSide.media_of_pack`)."""
+        if self.images is None:
+            media: list = [{} for _ in items]
+        else:
+            media = self.images.media_of_pack(
+                [(i["key"], i["images"], i["input_ids"]) for i in items], config=config
+            )
+        out: list[Source | Exception] = []
+        for item, found in zip(items, media):
+            if isinstance(found, Exception):
+                out.append(found)
+                continue
+            try:
+                out.append(
+                    self._source(
+                        item["key"],
+                        item["input_ids"],
+                        item["token_mask"],
+                        len(item["images"]),
+                        found,
+                    )
+                )
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def _source(
+        self, key: str, input_ids: np.ndarray, token_mask: np.ndarray, images: int, media: dict
+    ) -> Source:
+        tokens, positions = {}, None
+        if self.images is not None:
             tokens = self.images.token_fields(input_ids)
         if self.mrope is not None:
             grids = media.get("image_grid_thw", np.zeros((0, 3), dtype=np.int64))
@@ -371,5 +416,5 @@ class ProcessorChat:
             positions=positions,
             media=media,
             token_fields=tokens,
-            images=len(images),
+            images=images,
         )

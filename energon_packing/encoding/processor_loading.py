@@ -21,6 +21,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from energon_packing.errors import describe
+
 __all__ = ["image_only", "load_processor"]
 
 logger = logging.getLogger(__name__)
@@ -155,8 +157,7 @@ _TEXT = (
 
 def _cause(error: Exception) -> str:
     """The loader's error in one line, cut where transformers lists every known type."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text if len(text) <= 400 else text[:400] + '...'}"
+    return " ".join(describe(error).split())
 
 
 def _transformers_class(name: str | None) -> type | None:

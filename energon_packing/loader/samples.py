@@ -88,7 +88,6 @@ class EncodedConversation(Sample):
     images: list  # compressed bytes, in order of appearance
     length: int  # real tokens
     cost: int  # length padded to pad_multiple: what the packer packs
-    text: str = ""  # processor path: the rendered template text the processor runs on
 
 
 @edataclass

@@ -207,7 +207,6 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
-            text=getattr(encoding, "text", ""),
         )
 
     def select_samples_to_pack(self, samples: list[EncodedConversation]) -> list:
@@ -398,30 +397,49 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     # ---- helpers --------------------------------------------------------------------------
 
     def _sources(self, samples: list[EncodedConversation]) -> list[Source]:
-        """The samples that survive :meth:`_source`, in order; none left is Energon's skip."""
-        sources = [source for sample in samples if (source := self._source(sample)) is not None]
+        """The samples that survive, in order, each with its decoded images, checked and ready
+        for :func:`layout`; one that fails (an image does not decode, or the conversation
+        fails at pack time) is skipped with its reason, it alone, never its pack-mates. None
+        left is Energon's skip. A chat with ``sources`` (the processor path) takes the whole
+        pack at once (one image-processor call where its family allows)."""
+        many = getattr(self.chat, "sources", None)
+        if many is None:
+            outcomes = [self._source(sample) for sample in samples]
+        else:
+            items = [
+                {
+                    "key": s.__key__,
+                    "input_ids": s.input_ids,
+                    "token_mask": s.token_mask,
+                    "images": s.images,
+                }
+                for s in samples
+            ]
+            outcomes = many(items=items, config=self.config)
+        sources = []
+        for sample, outcome in zip(samples, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                sources.append(outcome)
+            elif isinstance(outcome, ImageError):
+                self._skip(sample.__key__, outcome.reason, str(outcome))
+            else:  # a bug (or a processor that disagrees with its size rule)
+                self._unexpected([sample.__key__], "source_error", outcome)
         if not sources:
             raise SkipSample()
         return sources
 
-    def _source(self, sample: EncodedConversation) -> Source | None:
-        """One conversation with its decoded images, checked and ready for :func:`layout`;
-        ``None`` (and a skip in the report) if an image does not decode or the conversation
-        fails at pack time (it alone: never its pack-mates)."""
+    def _source(self, sample: EncodedConversation) -> Source | Exception:
+        """One conversation through the chat's ``source``, or the exception it raised."""
         try:
             return self.chat.source(
                 key=sample.__key__,
                 input_ids=sample.input_ids,
                 token_mask=sample.token_mask,
                 images=sample.images,
-                text=sample.text,
                 config=self.config,
             )
-        except ImageError as e:
-            self._skip(sample.__key__, e.reason, str(e))
-        except Exception as e:  # a bug (or a processor that disagrees with its size rule)
-            self._unexpected([sample.__key__], "source_error", e)
-        return None
+        except Exception as e:
+            return e
 
     def _tail(self) -> dict | None:
         """The accounting-only batch that ends a worker's stream when skips are left that no
