@@ -30,15 +30,19 @@ def test_help_lists_every_command():
         assert command in output
 
 
-def test_demo_reports_the_librarys_numbers(tmp_path):
+@pytest.mark.parametrize("bundled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_demo_reports_the_librarys_numbers(tmp_path, synth_dataset, bundled):
+    """The demo's numbers are the library's: on 120 generated conversations by default, on the
+    bundled sample data (what ``energon-packing demo`` runs) in -m slow."""
     picture = tmp_path / "demo.png"
-    output = invoke("demo", "--picture", picture)
+    data = SAMPLE_DATA if bundled else synth_dataset
+    output = invoke("demo", "--picture", picture, *(() if bundled else ("--data", data)))
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     knobs = dict(max_input_seq_length=2048, tokenizer="bundled", pad_multiple=8, carry=True)
     te = PackingTaskEncoder(**knobs)
-    batches = list(loader_batches(SAMPLE_DATA, te, buffer=64))
-    measured = measure_costs(SAMPLE_DATA, PackingTaskEncoder(**knobs), progress=False)
+    batches = list(loader_batches(data, te, buffer=64))
+    measured = measure_costs(data, PackingTaskEncoder(**knobs), progress=False)
     bound = lower_bound(measured.costs, 2048)
     assert (
         f"{te.stats.read} conversations read, {te.stats.packed} packed into {len(batches)} packs"
@@ -48,7 +52,8 @@ def test_demo_reports_the_librarys_numbers(tmp_path):
         f"lower bound {bound} packs, so {100 * (len(batches) / bound - 1):+.2f} % over it" in output
     )
     assert f"efficiency {100 * te.stats.efficiency:.1f} % real tokens" in output
-    assert f"overlong: {te.stats.skipped['overlong']}" in output
+    for reason, count in te.stats.skipped.items():
+        assert f"{reason}: {count}" in output
     assert format_table(packing_table(measured, buffers=(64, 256))) in output
     assert re.search(
         r"^loader packs\s+" + str(len(batches)) + r"\s+" + f"{len(batches) * 2048:,}", output, re.M
@@ -157,6 +162,7 @@ def processor_dir(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # each command through a processor dir: also tests/test_processor_loading.py
 def test_the_tool_runs_any_family_through_its_processor_dir(processor_dir, synth_dataset, tmp_path):
     output = invoke("demo", "--processor", processor_dir, "--picture", tmp_path / "demo.png")
     te = PackingTaskEncoder(

@@ -129,6 +129,7 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
     assert normalised["c"] == normalised["d"]
 
 
+@pytest.mark.slow  # two gloo processes; test_two_ranks_one_epoch_in_step keeps one by default
 def test_context_parallel_2_ranks_equals_cp_1(setup, tmp_path):
     import cp_worker
 

@@ -18,6 +18,9 @@ from energon_packing.schema import is_empty
 from energon_packing.testing.synth import conversations, sized_conversations
 from energon_packing.trainer import prepacked_microbatches
 
+#: full-size variants run under -m slow (.ci/run runs them); the default set keeps one
+S = pytest.mark.slow
+
 pytestmark = pytest.mark.energon
 
 CAPACITY = 1024
@@ -54,8 +57,10 @@ def run(path, *, workers=0, buffer=8, **knobs):
     return te, packed, aggregate, batches
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("carry", [False, True])
+@pytest.mark.parametrize(
+    "workers, carry",  # one diagonal of the grid by default, the other in -m slow
+    [(0, False), (2, True), pytest.param(0, True, marks=S), pytest.param(2, False, marks=S)],
+)
 def test_every_hostile_case_is_packed_or_reported_once(hostile_dataset, workers, carry, caplog):
     caplog.set_level(logging.WARNING, logger="energon_packing")
     _, packed, aggregate, _ = run(hostile_dataset, workers=workers, carry=carry)
@@ -182,8 +187,11 @@ def tail_dataset(tmp_path_factory):
 
 # 4 workers on a 2-core CI machine is the point (more streams than cores); torch's advice is not.
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-@pytest.mark.parametrize("workers", [0, 2, pytest.param(4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("carry", [False, True])
+@pytest.mark.parametrize(
+    "workers, carry",  # one diagonal of the grid by default, the rest in -m slow
+    [(0, False), (2, True)]
+    + [pytest.param(w, c, marks=S) for w, c in [(0, True), (2, False), (4, False), (4, True)]],
+)
 def test_skips_after_the_last_pack_and_all_skipped_streams_are_reported(
     tail_dataset, workers, carry
 ):

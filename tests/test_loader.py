@@ -14,6 +14,9 @@ from energon_packing import PackingTaskEncoder
 from energon_packing.loader.prepare import YAMLS
 from energon_packing.testing.synth import Conversation, conversations
 
+#: full-size variants run under -m slow (.ci/run runs them); the default set keeps one
+S = pytest.mark.slow
+
 #: the loader tests .ci/run also runs on the oldest supported Energon release
 pytestmark = pytest.mark.energon
 
@@ -39,7 +42,7 @@ def test_every_pack_meets_the_contract(synth_dataset):
     assert sum(len(b["source_ids"][0]) for b in batches) / len(batches) > 3  # really packing
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=S), 2])
 def test_exactly_once_over_ranks_and_workers(synth_dataset, workers):
     te = PackingTaskEncoder(
         tokenizer="bundled", max_input_seq_length=8192
@@ -284,6 +287,7 @@ def energon(*args):
     )
 
 
+@pytest.mark.slow  # Energon's CLI in subprocesses; the README's shell block runs them too
 def test_energon_info_and_lint_on_the_sample_data():
     info = energon("info", str(SAMPLE_DATA))
     assert info.returncode == 0, info.stderr

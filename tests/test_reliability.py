@@ -31,6 +31,9 @@ from energon_packing.schema import IMAGE_GRID_THW, layout
 from energon_packing.stats import MetricsAggregator
 from energon_packing.testing.synth import conversations
 
+#: full-size variants run under -m slow (.ci/run runs them); the default set keeps one
+S = pytest.mark.slow
+
 #: the loader tests .ci/run also runs on the oldest supported Energon release
 pytestmark = pytest.mark.energon
 
@@ -233,8 +236,10 @@ def mixed_dataset(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("carry", [False, True])
+@pytest.mark.parametrize(
+    "workers, carry",  # one diagonal of the grid by default, the other in -m slow
+    [(0, False), (2, True), pytest.param(0, True, marks=S), pytest.param(2, False, marks=S)],
+)
 def test_accounting_reaches_the_trainer(mixed_dataset, workers, carry):
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, carry=carry)
     aggregate = MetricsAggregator()
@@ -276,7 +281,7 @@ def snapshot(batch):
     "workers, count",
     [
         (0, 4),
-        (2, 3),
+        pytest.param(2, 3, marks=pytest.mark.slow),  # the 2-worker restore runs in -m slow
         pytest.param(0, 11, marks=pytest.mark.slow),
         pytest.param(2, 11, marks=pytest.mark.slow),
     ],
@@ -308,7 +313,7 @@ def test_restore_at_random_points(synth_dataset, workers, count):
             assert all(torch.equal(a, b) for a, b in zip(got[2], expected[2]))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=S), 2])
 def test_a_corrupt_shard_is_skipped_with_a_report(tmp_path, workers):
     path = make_dataset(tmp_path, conversations(90, seed=2), per_shard=30)
     shard = sorted((path / "shards").glob("*.tar"))[1]
@@ -383,6 +388,7 @@ def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
     assert sorted(keys + skipped) == sorted(f"conv{i:06d}" for i in range(120))
 
 
+@pytest.mark.slow  # two gloo processes; test_two_ranks_one_epoch_in_step stays in the default set
 def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     import dp_worker
 

@@ -23,6 +23,9 @@ from energon_packing.packing.balance import (
 )
 from energon_packing.testing.synth import sized_conversations
 
+#: full-size variants run under -m slow (.ci/run runs them); the default set keeps one
+S = pytest.mark.slow
+
 #: the loader tests .ci/run also runs on the oldest supported Energon release
 pytestmark = pytest.mark.energon
 
@@ -59,7 +62,10 @@ def stream_order(path):
     ]
 
 
-@pytest.mark.parametrize("carry, window", [(False, 0), (True, 0), (True, 5), (False, 5)])
+@pytest.mark.parametrize(
+    "carry, window",
+    [(False, 0), (True, 5), pytest.param(True, 0, marks=S), pytest.param(False, 5, marks=S)],
+)
 def test_loader_runs_exactly_the_pack_stream_logic(sized_dataset, carry, window):
     """Energon's own stage (carry and balancing off) and our stage (on) emit exactly the packs
     of the pure ``pack_stream`` over the same read order: one buffer loop."""
@@ -129,7 +135,7 @@ def find(state, name, *, parent=False):
             yield from find(getattr(state, f.name), name, parent=parent)
 
 
-@pytest.mark.parametrize("balance_window", [0, 4])
+@pytest.mark.parametrize("balance_window", [pytest.param(0, marks=S), 4])
 def test_restore_while_samples_are_carried(sized_dataset, balance_window):
     knobs = dict(
         max_input_seq_length=CAPACITY,
