@@ -106,6 +106,7 @@ def test_preview_prints_the_packs_it_draws(synth_dataset, tmp_path):
     assert picture.exists()
 
 
+@pytest.mark.slow  # the command end to end; tests/test_bench.py holds its numbers by default
 def test_bench_losses_agree_between_loader_and_trainer_packs(tmp_path):
     picture = tmp_path / "bench.png"
     output = invoke("bench", "--steps", 3, "--hidden", 32, "--picture", picture)

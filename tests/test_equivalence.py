@@ -1,6 +1,6 @@
 """The attention kernel cannot tell loader packs from trainer packs.
 
-For packs of the sample data (conversations with and without images: a 12-pack subset in the
+For packs of the sample data (conversations with and without images: a 6-pack subset in the
 default run, 50 packs in the ``slow`` set that ``.ci/run`` adds), the per-token logits of every
 conversation are identical (float64, atol 1e-9) when computed (a) alone, unpacked; (b) in a trainer-side pack; (c) in a loader pack, boundary mode "padded";
 (d) in a loader pack, boundary mode "real"; (e) with context parallelism 2 as two real
@@ -52,7 +52,7 @@ def single_row(batch, r):
     scope="module",
     params=[
         pytest.param((False, 12), id="rope-subset", marks=pytest.mark.slow),  # mrope covers more
-        pytest.param((True, 12), id="mrope-subset"),
+        pytest.param((True, 6), id="mrope-subset"),
         pytest.param((False, 50), id="rope-full", marks=pytest.mark.slow),
         pytest.param((True, 50), id="mrope-full", marks=pytest.mark.slow),
     ],
@@ -108,6 +108,8 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
                 logits = model(**mb.model_inputs)  # (b) trainer-side pack, as wide as needed
                 trainer_side.update(per_source(logits[0], mb))
                 losses["b"] += float(token_loss(logits, mb)[0])
+            if rows_seen == len(wanted):  # read order: the rest of the data holds none of them
+                break
     assert rows_seen == len(wanted) == len(reference) == len(trainer_side)
 
     valid = 0
@@ -129,7 +131,7 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
     assert normalised["c"] == normalised["d"]
 
 
-@pytest.mark.slow  # two gloo processes; test_two_ranks_one_epoch_in_step keeps one by default
+@pytest.mark.slow  # two gloo processes
 def test_context_parallel_2_ranks_equals_cp_1(setup, tmp_path):
     import cp_worker
 

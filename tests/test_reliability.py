@@ -374,6 +374,7 @@ def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
     )
 
 
+@S  # two gloo processes (~8 s): data parallelism in step is proven in -m slow
 def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
     import dp_worker
 
@@ -388,7 +389,7 @@ def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
     assert sorted(keys + skipped) == sorted(f"conv{i:06d}" for i in range(120))
 
 
-@pytest.mark.slow  # two gloo processes; test_two_ranks_one_epoch_in_step stays in the default set
+@S  # two gloo processes
 def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     import dp_worker
 
