@@ -237,8 +237,8 @@ def mixed_dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "workers, carry",  # one diagonal of the grid by default, the other in -m slow
-    [(0, False), (2, True), pytest.param(0, True, marks=S), pytest.param(2, False, marks=S)],
+    "workers, carry",  # one corner of the grid by default, the rest in -m slow
+    [(0, False)] + [pytest.param(w, c, marks=S) for w, c in [(2, True), (0, True), (2, False)]],
 )
 def test_accounting_reaches_the_trainer(mixed_dataset, workers, carry):
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, carry=carry)
@@ -335,19 +335,17 @@ def test_a_corrupt_shard_is_skipped_with_a_report(tmp_path, workers):
     assert {f"conv{i:06d}" for i in list(range(30)) + list(range(60, 90))} <= set(packed)
 
 
-def test_a_failing_select_never_drops_the_buffer(synth_dataset, monkeypatch):
+@pytest.mark.parametrize("carry", [pytest.param(False, marks=S), True])
+def test_a_failing_select_never_drops_the_buffer(synth_dataset, monkeypatch, carry):
     import energon_packing.loader.task_encoder as module
 
     def broken(*args, **kwargs):
         raise RuntimeError("bug in select")
 
     monkeypatch.setattr(module, "select_packs", broken)
-    for carry in (False, True):
-        te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, carry=carry)
-        packed = [
-            k for b in loader_batches(synth_dataset, te, buffer=16) for k in b["source_ids"][0]
-        ]
-        assert sorted(packed) == sorted(f"conv{i:06d}" for i in range(120))  # one pack each
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, carry=carry)
+    packed = [k for b in loader_batches(synth_dataset, te, buffer=16) for k in b["source_ids"][0]]
+    assert sorted(packed) == sorted(f"conv{i:06d}" for i in range(120))  # one pack each
 
 
 def test_a_failing_pack_reports_its_members(synth_dataset, monkeypatch):
