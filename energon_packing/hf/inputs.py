@@ -48,6 +48,7 @@ from energon_packing.schema import (
     model_fields,
     pack_from_batch,
 )
+from energon_packing.trainer.shim import text_positions
 
 __all__ = ["IGNORE_INDEX", "HFInputs", "text_positions", "to_hf"]
 
@@ -69,13 +70,6 @@ class HFInputs(dict):
     """
 
     __slots__ = ("cu_seqlens", "cu_seqlens_padded", "loss_weights", "source_ids")
-
-
-def text_positions(cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
-    """``[C]``: 0, 1, ... restarting at every padded boundary (through each padding)."""
-    bounds = torch.as_tensor(cu_seqlens_padded, dtype=torch.int64)
-    starts = torch.repeat_interleave(bounds[:-1], bounds.diff())
-    return torch.arange(int(bounds[-1])) - starts
 
 
 def _text_config(config: Any) -> Any:

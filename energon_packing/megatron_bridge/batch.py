@@ -51,7 +51,7 @@ from energon_packing.schema import (
     is_empty,
     model_fields,
 )
-from energon_packing.trainer.shim import validate_prepacked
+from energon_packing.trainer.shim import text_positions, validate_prepacked
 
 __all__ = [
     "BRIDGE_COMMIT",
@@ -159,7 +159,7 @@ def to_megatron_bridge(
     ids = batch[INPUT_IDS]
     labels = torch.roll(ids, -1, dims=1)
     loss_mask = torch.roll(batch[TOKEN_MASK], -1, dims=1).to(torch.float32)
-    positions = torch.stack([_text_positions(p) for p in padded])
+    positions = torch.stack([text_positions(p) for p in padded])
     if step == "sft":
         media = [key for key in model_fields(batch)[0] if any(len(v) for v in batch[key])]
         if media and "sft" not in _warned:
@@ -171,15 +171,6 @@ def to_megatron_bridge(
             )
         return _sft(ids, labels, loss_mask, positions, cu, padded)
     return _vlm(batch, ids, labels, loss_mask, positions, cu, padded)
-
-
-def _text_positions(padded: torch.Tensor) -> torch.Tensor:
-    """``t - start of t's padded segment``: restarts per conversation, runs on through its pad."""
-    bounds = padded.tolist()
-    positions = torch.empty(bounds[-1], dtype=torch.int64)
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        positions[start:stop] = torch.arange(stop - start)
-    return positions
 
 
 def _minus_one_filled(rows: list[torch.Tensor], width: int) -> torch.Tensor:

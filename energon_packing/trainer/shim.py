@@ -62,6 +62,7 @@ __all__ = [
     "micro_batch_shapes",
     "packed_seq_params_class",
     "prepacked_microbatches",
+    "text_positions",
     "token_loss",
     "validate_prepacked",
 ]
@@ -241,6 +242,14 @@ def validate_prepacked(
         pack_from_batch(batch, row).check(
             pad_multiple=pad_multiple, image_pad_id=image_pad_id, cp_size=cp_size
         )
+
+
+def text_positions(cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
+    """``[C]``: 0, 1, ... restarting at every padded boundary and running on through each
+    conversation's padding (the 1-D positions trainers' packed paths read)."""
+    bounds = torch.as_tensor(cu_seqlens_padded, dtype=torch.int64)
+    starts = torch.repeat_interleave(bounds[:-1], bounds.diff())
+    return torch.arange(int(bounds[-1])) - starts
 
 
 def row_positions(positions: torch.Tensor, row: int) -> torch.Tensor:
