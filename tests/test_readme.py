@@ -26,7 +26,6 @@ Markers are HTML comments on the line(s) right before a block's fence:
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import re
@@ -107,33 +106,6 @@ def python_blocks() -> list[Block]:
 
 
 # --- running a block: a fresh namespace, README line numbers, a time limit ---------------------
-
-
-def allow_missing_video_processor(setattr_) -> None:
-    """Qwen2/2.5/3-VL and LLaVA-OneVision processors load a video processor, which needs
-    torchvision (absent here); images never touch it. Loads such processors without one, as
-    :func:`energon_packing.testing.families.video_optional` builds them. ``setattr_``:
-    ``monkeypatch.setattr`` (undone after the test) or ``setattr``."""
-    from transformers import processing_utils
-
-    check = processing_utils.ProcessorMixin.check_argument_for_proper_class
-
-    def lenient(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return check(self, argument_name, argument)
-
-    class NoVideo:
-        @classmethod
-        def from_pretrained(cls, *args, **kwargs):
-            return None
-
-    class Mapping(type(processing_utils.MODALITY_TO_AUTOPROCESSOR_MAPPING)):
-        def __getitem__(self, key):
-            return NoVideo if key == "video_processor" else super().__getitem__(key)
-
-    setattr_(processing_utils.ProcessorMixin, "check_argument_for_proper_class", lenient)
-    setattr_(processing_utils, "MODALITY_TO_AUTOPROCESSOR_MAPPING", Mapping())
 
 
 def tiny_model_dir(family: str, directory: Path) -> Path:
@@ -243,9 +215,7 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
     if family := block.markers.get("needs-model"):
         pytest.importorskip("transformers")
         directory = tiny_model_dir(family, tmp_path / family)
-        source = MODEL_PATH.sub(str(directory), source)
-        if importlib.util.find_spec("torchvision") is None:
-            allow_missing_video_processor(monkeypatch.setattr)
+        source = MODEL_PATH.sub(str(directory), source)  # loads as a user's would: no patches
     monkeypatch.chdir(ROOT)
     timeout = SLOW_TIMEOUT_S if "slow" in block.markers else BLOCK_TIMEOUT_S
     error = run_block(block, source=source, timeout=timeout)
