@@ -646,12 +646,23 @@ def test_a_pack_takes_one_image_processor_call_and_a_bad_member_costs_only_itsel
     monkeypatch.setattr(
         image_processor, "preprocess", lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
     )
+    type_calls = []
+    real_types = type(processor).create_mm_token_type_ids
+    monkeypatch.setattr(
+        type(processor),
+        "create_mm_token_type_ids",
+        lambda self, ids: type_calls.append(len(ids)) or real_types(self, ids),
+    )
     sources = te._sources(encoded)
     assert len(calls) == 1 and [s.key for s in sources] == list(sizes)
-    for source, media in zip(sources, alone):
+    assert type_calls == [1]  # the pack's ids joined: one row, one call
+    for source, media, e in zip(sources, alone, encoded):
         assert source.media.keys() == media.keys()
         for name, value in media.items():
             assert np.array_equal(source.media[name], value), (source.key, name)
+        (own,) = real_types(processor, [e.input_ids.tolist()])  # the processor, per conversation
+        assert source.token_fields.keys() == {"mm_token_type_ids"}
+        assert source.token_fields["mm_token_type_ids"].tolist() == own, source.key
     pack = layout(sources, width=4096, pad_multiple=1, pad_id=te.pad_id)
     whole = np.concatenate([m["pixel_values"] for m in alone if m])
     assert np.array_equal(pack.media["pixel_values"], whole)
@@ -667,7 +678,66 @@ def test_a_pack_takes_one_image_processor_call_and_a_bad_member_costs_only_itsel
     assert [s.key for s in sources] == ["a", "c", "e"]
     assert te.stats.skipped == {"source_error": 1, "corrupt_image": 1}
     assert te.stats.skipped_keys == {"source_error": ["b"], "corrupt_image": ["d"]}
-    for source, media in zip(sources, [alone[0], alone[2], alone[4]]):
+    for source, media, e in zip(sources, [alone[0], alone[2], alone[4]], encoded[::2]):
         for name, value in media.items():
             assert np.array_equal(source.media[name], value), (source.key, name)
+        (own,) = real_types(processor, [e.input_ids.tolist()])
+        assert source.token_fields["mm_token_type_ids"].tolist() == own, source.key
     assert all(isinstance(s, Source) for s in sources)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_tokenizer_backend_called_directly_gives_the_tokenizers_ids(family):
+    """The encode path calls the ``tokenizers`` backend as the fast tokenizer's ``__call__``
+    does, without its conversions: the same ids and offsets on any text (special tokens,
+    spelled-out pieces of them, whitespace runs, accents), and the tokenizer's own call
+    whenever the backend holds state ``__call__`` would reset first."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from energon_packing.encoding.rendering import backend_encoder
+
+    tokenizer = build(family, model=False)[0].tokenizer
+    encode = backend_encoder(tokenizer)
+    assert encode is not None
+
+    def own(text, flag):
+        out = tokenizer(text, add_special_tokens=flag, return_offsets_mapping=True)
+        return list(out["input_ids"]), list(out["offset_mapping"])
+
+    pieces = [*map(str, tokenizer.all_special_tokens), "<|", "im_", " ", "\n\n", "é", "\u200b"]
+    texts = st.lists(st.sampled_from(pieces) | st.text(max_size=12), max_size=12).map("".join)
+
+    @settings(max_examples=60, deadline=None)
+    @given(text=texts, flag=st.booleans())
+    def same(text, flag):
+        assert encode(text, flag) == own(text, flag)
+
+    same()
+    long_text = "one two three four five six seven " * 4
+    expected = own(long_text, False)
+    tokenizer._tokenizer.enable_truncation(max_length=3)  # left behind by someone's code
+    assert encode(long_text, False) == expected  # not cut at 3: __call__ resets it
+    tokenizer.split_special_tokens = True
+    try:
+        special = str(tokenizer.all_special_tokens[0]) + "x"
+        assert encode(special, False) == own(special, False)
+        assert len(encode(special, False)[0]) > 2  # really split: the attribute is honoured
+    finally:
+        tokenizer.split_special_tokens = False
+
+
+def test_a_tokenizer_that_overrides_its_encoding_keeps_its_own_call():
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from energon_packing.encoding.rendering import backend_encoder
+
+    tokenizer = build("qwen2_vl", model=False)[0].tokenizer
+
+    class Mine(type(tokenizer)):
+        def _encode_plus(self, *args, **kwargs):
+            return TokenizersBackend._encode_plus(self, *args, **kwargs)
+
+    assert backend_encoder(tokenizer) is not None
+    tokenizer.__class__ = Mine
+    assert backend_encoder(tokenizer) is None

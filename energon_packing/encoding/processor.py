@@ -57,7 +57,7 @@ from energon_packing.encoding.families import FAMILIES, family_of
 from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
-from energon_packing.encoding.rendering import compiled_renderer, span_mask
+from energon_packing.encoding.rendering import backend_encoder, compiled_renderer, span_mask
 from energon_packing.errors import describe
 from energon_packing.schema import Source
 
@@ -149,6 +149,7 @@ class ProcessorChat:
         variables = {**self.tokenizer.special_tokens_map, **self.kwargs}
         fast = compiled_renderer(self._template(), variables, self.render, self.has_images)
         self._prefix_render = fast or self.render
+        self._encode_text = backend_encoder(self.tokenizer) or self._tokenize
         self._fingerprint: str | None = None
 
     def __repr__(self) -> str:
@@ -325,19 +326,20 @@ class ProcessorChat:
         alone; ``shifts``: ``(end of the placeholder in text, characters it gained)`` per image;
         ``media``: ``[first, end)`` token range of each image (expansion and markup)."""
         expanded, shifts, spans = self.images.expand(text, sizes) if sizes else (text, [], [])
-        encoded = self.tokenizer(
-            expanded,
-            add_special_tokens=self.add_special_tokens(text),
-            return_offsets_mapping=True,
-        )
-        offsets = list(encoded["offset_mapping"])
+        ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
         starts = [s for s, _ in offsets]
         ends = [e for _, e in offsets]
         media = [
             (bisect.bisect_right(ends, start), bisect.bisect_left(starts, end))
             for start, end in spans
         ]
-        return list(encoded["input_ids"]), offsets, shifts, media
+        return list(ids), offsets, shifts, media
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
+        out = self.tokenizer(
+            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True
+        )
+        return list(out["input_ids"]), list(out["offset_mapping"])
 
     # ---- pack time: pixels only ---------------------------------------------------------------
 
@@ -381,8 +383,14 @@ class ProcessorChat:
             media = self.images.media_of_pack(
                 [(i["key"], i["images"], i["input_ids"]) for i in items], config=config
             )
+        tokens: list[dict] = [{} for _ in items]
+        if self.images is not None:
+            kept = [n for n, found in enumerate(media) if not isinstance(found, Exception)]
+            per_kept = self.images.token_fields_of_pack([items[n]["input_ids"] for n in kept])
+            for n, fields in zip(kept, per_kept):
+                tokens[n] = fields
         out: list[Source | Exception] = []
-        for item, found in zip(items, media):
+        for item, found, fields in zip(items, media, tokens):
             if isinstance(found, Exception):
                 out.append(found)
                 continue
@@ -394,6 +402,7 @@ class ProcessorChat:
                         item["token_mask"],
                         len(item["images"]),
                         found,
+                        fields,
                     )
                 )
             except Exception as e:
@@ -401,11 +410,17 @@ class ProcessorChat:
         return out
 
     def _source(
-        self, key: str, input_ids: np.ndarray, token_mask: np.ndarray, images: int, media: dict
+        self,
+        key: str,
+        input_ids: np.ndarray,
+        token_mask: np.ndarray,
+        images: int,
+        media: dict,
+        tokens: dict | None = None,
     ) -> Source:
-        tokens, positions = {}, None
-        if self.images is not None:
-            tokens = self.images.token_fields(input_ids)
+        positions = None
+        if tokens is None:
+            tokens = self.images.token_fields(input_ids) if self.images is not None else {}
         if self.mrope is not None:
             grids = media.get("image_grid_thw", np.zeros((0, 3), dtype=np.int64))
             positions = mrope_positions(input_ids, [tuple(g) for g in grids.tolist()], self.mrope)

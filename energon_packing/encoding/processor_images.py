@@ -48,6 +48,7 @@ class ImageSide:
         self.fields = tuple(n for n in names if n not in unused)
         returns_types = getattr(processor, "return_mm_token_type_ids", False)
         self.token_types = family.token_types if returns_types else None
+        self._per_token_types = _per_token_types(processor)
         self.markup = _markup(render, processor.image_token)
         # the tokens the model fills with vision features (Gemma 3: not its placeholder)
         ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
@@ -187,10 +188,34 @@ class ImageSide:
 
     def token_fields(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """The token-aligned fields the processor derives from the ids (none for some)."""
-        if self.token_types is None:
-            return {}
-        types = self.processor.create_mm_token_type_ids([np.asarray(input_ids).tolist()])
-        return {self.token_types: np.asarray(types[0], dtype=np.int64)}
+        return self.token_fields_of_pack([input_ids])[0]
+
+    def token_fields_of_pack(self, ids: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """:meth:`token_fields` of each conversation of a pack. Where the processor's
+        ``create_mm_token_type_ids`` is transformers' own token-by-token rule (``ProcessorMixin``'s:
+        a type per id, whatever its neighbours), one call on the pack's ids joined, split back
+        into views; otherwise one call per conversation."""
+        if self.token_types is None or not ids:
+            return [{} for _ in ids]
+        if not self._per_token_types or len(ids) == 1:
+            rows = self.processor.create_mm_token_type_ids([np.asarray(i).tolist() for i in ids])
+            return [{self.token_types: np.asarray(r, dtype=np.int64)} for r in rows]
+        joined = np.concatenate([np.asarray(i) for i in ids]).tolist()
+        (types,) = self.processor.create_mm_token_type_ids([joined])
+        types = np.asarray(types, dtype=np.int64)
+        ends = np.cumsum([len(i) for i in ids])
+        return [{self.token_types: part} for part in np.split(types, ends[:-1])]
+
+
+def _per_token_types(processor: Any) -> bool:
+    """Whether ``create_mm_token_type_ids`` is ``ProcessorMixin``'s own (a modality per id,
+    read from ``image_token_ids`` and friends): then a pack's ids may go through one call."""
+    try:
+        from transformers.processing_utils import ProcessorMixin
+    except Exception:
+        return False
+    mine = getattr(type(processor), "create_mm_token_type_ids", None)
+    return mine is not None and mine is getattr(ProcessorMixin, "create_mm_token_type_ids", None)
 
 
 def _markup(render: Callable[[list[dict]], str], image_token: str) -> tuple[str, str]:
