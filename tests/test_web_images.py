@@ -183,6 +183,38 @@ def test_eps_is_refused_it_would_run_ghostscript():
     assert info.value.reason == "corrupt_image"
 
 
+def test_formats_are_tried_in_the_order_a_fresh_image_open_tries_them():
+    """Pillow's plugins without an ``accept`` test (IM, IMT, ...) parse whatever they are
+    offered: tried in registration order after ``Image.init()`` (alphabetical), every JPEG
+    would first fail two parses. Ours is the order of a fresh process's ``Image.open``,
+    whatever ran first in this one, and still every format but EPS."""
+    import ast
+    import subprocess
+    import sys
+
+    ours = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from PIL import Image; Image.init(); "
+            "from energon_packing.encoding.images import _formats; print(_formats())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    fresh = subprocess.run(
+        [sys.executable, "-c", "from PIL import Image; Image.preinit(); print(tuple(Image.ID))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours, fresh = ast.literal_eval(ours), ast.literal_eval(fresh)
+    assert ours[: len(fresh)] == fresh  # BMP, DIB, GIF, JPEG, PPM, PNG (or this Pillow's)
+    assert "JPEG" in fresh and "PNG" in fresh
+    assert sorted(ours) == sorted(set(Image.OPEN) - {"EPS"})
+
+
 def test_part_names_are_any_name_but_text_and_media():
     for name in ("photo (1).jpg", "图片.png", "a+b@c~d.jpg", "x y.JPEG", "img0", "p.v2.png"):
         assert is_conversation_part(name) and may_be_image(name), name

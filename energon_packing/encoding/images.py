@@ -70,9 +70,29 @@ def may_be_image(part: str) -> bool:
     return part != "json" and suffix not in NOT_IMAGE_SUFFIXES
 
 
-def _formats() -> list[str]:
+#: The plugins ``PIL.Image.preinit`` loads: a fresh process's ``Image.open`` tries their
+#: formats first. Plugins without an ``accept`` test (IM, IMT, ...) parse every file they are
+#: offered, so registration order alone (alphabetical once ``Image.init`` ran first) would
+#: make each JPEG pay for two failed parses.
+_FIRST_PLUGINS = ("Bmp", "Gif", "Jpeg", "Ppm", "Png")
+
+
+def _formats() -> tuple[str, ...]:
+    """Every format the installed Pillow opens but EPS, in the order a fresh process's
+    ``Image.open`` tries them: the common plugins first, then the rest as registered (worked
+    out again only when a plugin registers later, e.g. ``pillow-heif``)."""
+    Image.preinit()
     Image.init()
-    return [name for name in Image.OPEN if name not in _REFUSED_FORMATS]
+    return _ordered(len(Image.ID))
+
+
+@functools.lru_cache(maxsize=4)
+def _ordered(registered: int) -> tuple[str, ...]:
+    first = tuple(f"PIL.{name}ImagePlugin" for name in _FIRST_PLUGINS)
+    names = [name for name in Image.ID if name in Image.OPEN and name not in _REFUSED_FORMATS]
+    plugin = {name: getattr(Image.OPEN[name][0], "__module__", "") for name in names}
+    common = sorted((n for n in names if plugin[n] in first), key=lambda n: first.index(plugin[n]))
+    return tuple(common + [name for name in names if name not in common])
 
 
 def _png_exif(data: bytes) -> bytes | None:
