@@ -176,13 +176,14 @@ FLOOR = textwrap.dedent(
 )
 
 
-def floor(family: str, rounds: int) -> dict:
+def child(script: str, *args: object, timeout: int) -> dict:
+    """Runs ``script`` in a fresh interpreter; its last stdout line is JSON."""
     out = subprocess.run(
-        [sys.executable, "-c", FLOOR, family, str(rounds)],
+        [sys.executable, "-c", script, *map(str, args)],
         capture_output=True,
         text=True,
         check=True,
-        timeout=3600,
+        timeout=timeout,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -203,7 +204,7 @@ def print_floor(families: list[str], rounds: int) -> None:
         f"{'(c) packed':>12}{'c / floor':>11}{'per round':>18}{'builtin':>10}"
     )
     for family in families:
-        r = floor(family, rounds)
+        r = child(FLOOR, family, rounds, timeout=3600)
         best = {name: max(values) for name, values in r.items()}
         limit = bound(best["plain"], best["alone"])
         ratios = sorted(
@@ -218,17 +219,6 @@ def print_floor(families: list[str], rounds: int) -> None:
     print()
 
 
-def measure(path: str, buffer: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, path, str(buffer)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def print_table() -> None:
     print("sample_data, C=2048, carry, workers 0; best of 3 epochs per path, fresh process each\n")
     head = f"{'path':<18}{'packs':>7}"
@@ -239,7 +229,7 @@ def print_table() -> None:
     for path in PATHS:
         line = ""
         for buffer in BUFFERS:
-            result = measure(path, buffer)
+            result = child(CHILD, path, buffer, timeout=1800)
             baseline.setdefault(buffer, result["conv_per_s"])
             line += (
                 f"{result['conv_per_s']:>16.0f}{result['conv_per_s'] / baseline[buffer]:>11.2f}"

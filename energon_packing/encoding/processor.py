@@ -57,7 +57,12 @@ from energon_packing.encoding.families import FAMILIES, family_of
 from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
-from energon_packing.encoding.rendering import backend_encoder, compiled_renderer, span_mask
+from energon_packing.encoding.rendering import (
+    backend_encoder,
+    compiled_renderer,
+    span_mask,
+    tokenize,
+)
 from energon_packing.errors import describe
 from energon_packing.schema import Source
 
@@ -336,10 +341,7 @@ class ProcessorChat:
         return list(ids), offsets, shifts, media
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
-        out = self.tokenizer(
-            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True
-        )
-        return list(out["input_ids"]), list(out["offset_mapping"])
+        return tokenize(self.tokenizer, text, add_special_tokens)
 
     # ---- pack time: pixels only ---------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["backend_encoder", "compiled_renderer", "span_mask"]
+__all__ = ["backend_encoder", "compiled_renderer", "span_mask", "tokenize"]
 
 
 class _Compiled:
@@ -74,6 +74,12 @@ def compiled_renderer(
     return fast if same else None
 
 
+def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list, list]:
+    """``(ids, offsets)`` of a text by the tokenizer's own ``__call__``."""
+    out = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    return list(out["input_ids"]), list(out["offset_mapping"])
+
+
 class _BackendEncoder:
     """A ``TokenizersBackend``'s own ``encode_batch``, called as its ``__call__`` calls it."""
 
@@ -81,10 +87,7 @@ class _BackendEncoder:
         self.tokenizer = tokenizer
 
     def slow(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
-        out = self.tokenizer(
-            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True
-        )
-        return list(out["input_ids"]), list(out["offset_mapping"])
+        return tokenize(self.tokenizer, text, add_special_tokens)
 
     def __call__(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
         tokenizer = self.tokenizer
