@@ -41,6 +41,14 @@ def raw_sample(key: str, document, images: dict[str, bytes] | None = None) -> di
     return {"__key__": key, "json": document, **(images or {})}
 
 
+def conversation_sample(key: str, document, images: dict[str, bytes] | None = None):
+    """The ``ConversationSample`` Energon would hand the task encoder for this shard sample."""
+    from energon_packing.loader.samples import ConversationSample, load_conversation
+
+    fields = load_conversation(raw_sample(key, document, images))
+    return ConversationSample(__key__=key, __restore_key__=(), **fields)
+
+
 def loader_batches(
     path: Path,
     task_encoder,

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import loader_batches, make_dataset, raw_sample
+from helpers import conversation_sample, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.encoding.images import decode
@@ -170,11 +170,7 @@ def test_predicted_costs_are_the_real_lengths(family):
             "images": names,
         }
         images = {n: _png(w, h) for n, (w, h) in zip(names, sizes)}
-        sample = ConversationSample(
-            __key__=f"case{case}",
-            __restore_key__=(),
-            **load_conversation(raw_sample(f"case{case}", document, images)),
-        )
+        sample = conversation_sample(f"case{case}", document, images)
         encoded = te.encode_sample(sample)
         pil = [decode(images[n]) for n in names]
         text = processor.apply_chat_template(hf_messages(document), tokenize=False)
@@ -209,11 +205,7 @@ def test_the_loss_mask_covers_each_reply_and_its_end_of_turn():
         {"role": "user", "content": "And blue?"},
         {"role": "assistant", "content": "The square."},
     ]
-    sample = ConversationSample(
-        __key__="m",
-        __restore_key__=(),
-        **load_conversation(raw_sample("m", {"messages": messages})),
-    )
+    sample = conversation_sample("m", {"messages": messages})
     decode_ids = processor.tokenizer.decode
 
     def trained(**knobs):
@@ -285,8 +277,7 @@ def test_bad_input_on_a_processor_path(caplog):
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=gemma)
 
     def encode(key, document, images=None):
-        fields = load_conversation(raw_sample(key, document, images))
-        sample = ConversationSample(__key__=key, __restore_key__=(), **fields)
+        sample = conversation_sample(key, document, images)
         te.encode_sample(sample)
 
     with pytest.raises(SkipSample):  # roles must alternate: the template raises
@@ -348,8 +339,7 @@ def test_the_overlong_policy_on_a_processor_path(caplog):
             ],
             "images": ["a.png"],
         }
-        fields = load_conversation(raw_sample(key, document, {"a.png": _png(112, 112)}))
-        return ConversationSample(__key__=key, __restore_key__=(), **fields)
+        return conversation_sample(key, document, {"a.png": _png(112, 112)})
 
     full = PackingTaskEncoder(max_input_seq_length=1 << 14, processor=qwen)
     first = full.encode_sample(sample("first", "<image>Describe."))
@@ -406,11 +396,7 @@ def test_a_tokenizer_only_model_through_its_chat_template(caplog):
         for i in range(3)
     ]
 
-    def sample(key, document, images=None):
-        fields = load_conversation(raw_sample(key, document, images))
-        return ConversationSample(__key__=key, __restore_key__=(), **fields)
-
-    encoded = [te.encode_sample(sample(f"t{i}", d)) for i, d in enumerate(documents)]
+    encoded = [te.encode_sample(conversation_sample(f"t{i}", d)) for i, d in enumerate(documents)]
     batch = te.batch([te.pack_selected_samples(encoded)])
     cu = batch["cu_seqlens"][0].tolist()
     for k, document in enumerate(documents):
@@ -427,7 +413,7 @@ def test_a_tokenizer_only_model_through_its_chat_template(caplog):
         "images": ["a.png"],
     }
     with pytest.raises(SkipSample):
-        te.encode_sample(sample("pictured", pictured, {"a.png": _png(32, 32)}))
+        te.encode_sample(conversation_sample("pictured", pictured, {"a.png": _png(32, 32)}))
     assert te.stats.skipped["unsupported_image"] == 1
     assert "is a tokenizer: a conversation with images needs a processor" in caplog.text
 
@@ -460,9 +446,7 @@ def test_an_image_in_an_assistant_turn_is_never_trained(family):
         "images": ["a.png", "b.png"],
     }
     images = {"a.png": _png(150, 100), "b.png": _png(64, 200)}
-    sample = ConversationSample(
-        __key__="drawn", __restore_key__=(), **load_conversation(raw_sample("d", document, images))
-    )
+    sample = conversation_sample("drawn", document, images)
     if family == "qwen3_vl":
         with pytest.raises(SkipSample):
             te.encode_sample(sample)
@@ -495,11 +479,7 @@ def test_an_image_in_an_assistant_turn_is_never_trained_on_the_builtin_path():
         ],
         "images": ["b.png"],
     }
-    sample = ConversationSample(
-        __key__="drawn",
-        __restore_key__=(),
-        **load_conversation(raw_sample("d", document, {"b.png": _png(64, 200)})),
-    )
+    sample = conversation_sample("drawn", document, {"b.png": _png(64, 200)})
     encoded = te.encode_sample(sample)
     special = te.tokenizer.special
     media = {special.vision_start, special.image_pad, special.vision_end}
@@ -532,11 +512,7 @@ def test_an_exif_rotated_jpeg_is_packed_as_load_image_sees_it(orientation):
         "images": ["a.jpg"],
     }
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
-    sample = ConversationSample(
-        __key__="x",
-        __restore_key__=(),
-        **load_conversation(raw_sample("x", document, {"a.jpg": data})),
-    )
+    sample = conversation_sample("x", document, {"a.jpg": data})
     encoded = te.encode_sample(sample)
     source = te.chat.source(
         key="x",
@@ -571,11 +547,7 @@ def test_pack_time_checks_the_image_side_against_the_encoded_ids():
         ],
         "images": ["a.png"],
     }
-    sample = ConversationSample(
-        __key__="m",
-        __restore_key__=(),
-        **load_conversation(raw_sample("m", document, {"a.png": _png(150, 100)})),
-    )
+    sample = conversation_sample("m", document, {"a.png": _png(150, 100)})
     encoded = te.encode_sample(sample)
     fields = dict(key="m", token_mask=encoded.token_mask, images=encoded.images, config=te.config)
     te.chat.source(input_ids=encoded.input_ids, **fields)  # consistent: no error
@@ -631,10 +603,7 @@ def test_a_pack_takes_one_image_processor_call_and_a_bad_member_costs_only_itsel
         images = {
             name: _noisy_png(w, h, 10 * n + k) for k, (name, (w, h)) in enumerate(zip(names, dims))
         }
-        fields = load_conversation(raw_sample(key, document, images))
-        encoded.append(
-            te.encode_sample(ConversationSample(__key__=key, __restore_key__=(), **fields))
-        )
+        encoded.append(te.encode_sample(conversation_sample(key, document, images)))
     side = te.chat.images
     alone = [
         side.media(key=e.__key__, images=e.images, input_ids=e.input_ids, config=te.config)

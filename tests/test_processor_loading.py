@@ -17,7 +17,7 @@ import pickle
 
 import numpy as np
 import pytest
-from helpers import raw_sample
+from helpers import conversation_sample
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,7 +25,6 @@ from energon_packing import PackingTaskEncoder  # noqa: E402
 from energon_packing.encoding import make_chat, processor_loading  # noqa: E402
 from energon_packing.encoding.processor import ProcessorChat  # noqa: E402
 from energon_packing.encoding.processor_loading import image_only, load_processor  # noqa: E402
-from energon_packing.loader.samples import ConversationSample, load_conversation  # noqa: E402
 from energon_packing.testing.families import (  # noqa: E402
     FAMILIES,
     build,
@@ -52,11 +51,6 @@ PICTURED = {
 }
 
 
-def _sample(key: str, document: dict, images: dict | None = None) -> ConversationSample:
-    fields = load_conversation(raw_sample(key, document, images))
-    return ConversationSample(__key__=key, __restore_key__=(), **fields)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_published_directory_loads_as_its_family(tmp_path, family):
     """The directory gives the family's processor (PIL image processor, no video processor
@@ -72,7 +66,7 @@ def test_a_published_directory_loads_as_its_family(tmp_path, family):
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=str(tmp_path))
     assert te.chat.family_name == family
     image = _png(150, 100)
-    encoded = te.encode_sample(_sample("p", PICTURED, {"a.png": image}))
+    encoded = te.encode_sample(conversation_sample("p", PICTURED, {"a.png": image}))
     source = te.chat.source(
         key="p",
         input_ids=encoded.input_ids,
@@ -145,7 +139,7 @@ def test_an_image_only_processor_and_its_encoder_pickle():
     )
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=again)
     copied = pickle.loads(pickle.dumps(te))  # what a spawned worker receives
-    sample = _sample("p", PICTURED, {"a.png": _png(150, 100)})
+    sample = conversation_sample("p", PICTURED, {"a.png": _png(150, 100)})
     assert copied.chat.fingerprint == te.chat.fingerprint
     assert (
         copied.encode_sample(sample).input_ids.tolist()
