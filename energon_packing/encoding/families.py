@@ -115,31 +115,22 @@ class Family:
     image_rows: Callable[[Any], dict[str, list[int]]] | None = None
 
 
+def _qwen(name: str, processor_class: str) -> Family:
+    """Qwen2-VL's size rule, mRoPE, per-image rows and token types, shared by its successors."""
+    return Family(
+        name=name,
+        classes=(processor_class,),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        token_types="mm_token_type_ids",
+    )
+
+
 FAMILIES: tuple[Family, ...] = (
-    Family(
-        name="qwen2_vl",
-        classes=("Qwen2VLProcessor",),
-        replacement_inputs=_qwen_inputs,
-        mrope=True,
-        image_rows=_qwen_rows,
-        token_types="mm_token_type_ids",
-    ),
-    Family(
-        name="qwen2_5_vl",
-        classes=("Qwen2_5_VLProcessor",),
-        replacement_inputs=_qwen_inputs,
-        mrope=True,
-        image_rows=_qwen_rows,
-        token_types="mm_token_type_ids",
-    ),
-    Family(
-        name="qwen3_vl",
-        classes=("Qwen3VLProcessor",),
-        replacement_inputs=_qwen_inputs,
-        mrope=True,
-        image_rows=_qwen_rows,
-        token_types="mm_token_type_ids",
-    ),
+    _qwen("qwen2_vl", "Qwen2VLProcessor"),
+    _qwen("qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    _qwen("qwen3_vl", "Qwen3VLProcessor"),
     Family(
         name="gemma3",
         classes=("Gemma3Processor",),
