@@ -37,7 +37,7 @@ def build(path: Path, samples: int) -> None:
     prepare_dataset(path, split_parts=["train:shards/.*"])
 
 
-def make_encoder(mode: str, max_pixels: int):
+def make_encoder(mode: str, max_pixels: int, *, unpacked: bool = False):
     from energon_packing import PackingTaskEncoder
     from energon_packing.encoding.vision import patchify
 
@@ -55,14 +55,18 @@ def make_encoder(mode: str, max_pixels: int):
 
     cls = DecodeUpFront if mode == "upfront" else PackingTaskEncoder
     return cls(
-        max_input_seq_length=4096, tokenizer="bundled", pad_multiple=8, max_pixels=max_pixels
+        max_input_seq_length=4096,
+        tokenizer="bundled",
+        pad_multiple=8,
+        max_pixels=max_pixels,
+        unpacked=unpacked,
     )
 
 
 def run(path: Path, mode: str, buffer: int | None, max_pixels: int) -> dict:
     from energon_packing.loader.loading import epoch
 
-    te = make_encoder(mode, max_pixels)
+    te = make_encoder(mode, max_pixels, unpacked=buffer is None)
     loader = epoch(path, te, packing_buffer_size=buffer)
     start = time.perf_counter()
     rows = conversations = 0

@@ -212,6 +212,14 @@ class PackingKnobs:
         "shared by all data-parallel ranks; 0 = off",
         related="DP size; 32-128",
     )
+    unpacked: bool = _knob(
+        False,
+        decides=False,  # packs or rows follow packing_buffer_size, which a restore must keep
+        effect="a loader built without `packing_buffer_size` yields ordinary padded batches "
+        "(one conversation per row: trainer-side packing, a no-packing baseline); off, such a "
+        "loader is refused when it is built, naming `packing_buffer_size`",
+        related="Energon `packing_buffer_size` (must be unset when on)",
+    )
 
     def __post_init__(self) -> None:
         capacity = self.max_input_seq_length
@@ -236,6 +244,7 @@ class PackingKnobs:
                 f"not {self.algorithm!r}"
             )
         _flag("carry", self.carry)
+        _flag("unpacked", self.unpacked)
         _integer("balance_window", self.balance_window, minimum=0)
         self.policy()  # validates the carry knobs even while carry is off
 

@@ -52,6 +52,7 @@ __all__ = [
     "is_empty",
     "layout",
     "model_fields",
+    "not_prepacked",
     "pack_from_batch",
 ]
 
@@ -96,6 +97,18 @@ BOOKKEEPING_KEYS = frozenset(
 
 class PackContractError(ValueError):
     """A pack (or prepacked batch) breaks the contract; the message names key and sources."""
+
+
+def not_prepacked(consumer: str) -> PackContractError:
+    """The one error every consumer of packs raises for a batch without pack boundaries: the
+    loader was built without a packing buffer, so nothing was packed."""
+    return PackContractError(
+        f"{CU_SEQLENS}: {consumer} takes loader packs, but this batch has no pack boundaries "
+        f"(an unpacked batch: the Energon loader was built without packing_buffer_size). Pass "
+        f"packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to get_train_dataset / "
+        f"get_val_dataset (NeMo-RL #4108: data.energon.task_encoder.packing.buffer_size); for "
+        f"ordinary padded rows use energon_packing.trainer.pack_microbatches"
+    )
 
 
 @dataclass(kw_only=True, slots=True)

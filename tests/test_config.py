@@ -197,6 +197,18 @@ def observe_loader(**knobs):
     ]
 
 
+def observe_unbuffered(**knobs):
+    """What a loader without a packing buffer gives: the refusal, or its first batch's rows."""
+    from helpers import SAMPLE_DATA, loader_batches
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, **knobs)
+    try:
+        batch = next(iter(loader_batches(SAMPLE_DATA, te, buffer=None, batch_size=2)))
+    except ValueError as e:
+        return str(e)
+    return batch["source_ids"], "cu_seqlens" in batch
+
+
 def observe_processor(**knobs):
     """Token ids of the samples through a Qwen2-VL processor (the processor-path knobs)."""
     from energon_packing.testing.families import build
@@ -245,6 +257,7 @@ KNOB_CASES = {
     "carry_min_fill": (CARRY, {**CARRY, "carry_min_fill": 0.5}),
     "carry_budget": (CARRY, {**CARRY, "carry_budget": 0.1}),
     "balance_window": ({}, {"balance_window": 4}, observe_loader),
+    "unpacked": ({}, {"unpacked": True}, observe_unbuffered),
     "special_token_text": ({}, {"special_token_text": "skip"}),
     "max_text_chars": ({}, {"max_text_chars": 2000}),
     "max_turns": ({}, {"max_turns": 3}),

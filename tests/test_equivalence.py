@@ -84,6 +84,7 @@ def test_loader_packs_trainer_packs_and_unpacked_agree(setup):
             max_input_seq_length=CAPACITY,
             pad_multiple=4,
             mrope=te.config.mrope,
+            unpacked=True,
         )
         for batch in loader_batches(SAMPLE_DATA, plain, buffer=None, batch_size=8):
             keep = [r for r, keys in enumerate(batch["source_ids"]) if keys[0] in wanted]
@@ -159,7 +160,9 @@ def test_context_parallel_2_ranks_equals_cp_1(setup, tmp_path):
 
 def test_mrope_positions_match_transformers():
     qwen = pytest.importorskip("transformers")
-    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY, mrope=True)
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=CAPACITY, mrope=True, unpacked=True
+    )
     special = te.tokenizer.special
     config = qwen.Qwen2VLConfig(
         text_config=dict(

@@ -99,7 +99,7 @@ def test_rows_and_wrong_uses_are_clear_errors():
     with pytest.raises(ValueError, match="holds no pack"):
         to_hf(empty_batch(36))
     unpacked = {k: v for k, v in _batch().items() if not k.startswith("cu_seqlens")}
-    with pytest.raises(PackContractError, match="not a prepacked batch"):
+    with pytest.raises(PackContractError, match="to_hf takes loader packs.*packing_buffer_size"):
         to_hf(unpacked)
     gemma = {**_batch(), "token_type_ids": torch.zeros((1, 36), dtype=torch.int64)}
     with pytest.raises(ValueError, match="token_type_ids .*Gemma 3.*pass model= or config="):

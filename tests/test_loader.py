@@ -216,7 +216,9 @@ def test_images_are_decoded_only_for_the_emitted_pack(synth_dataset, monkeypatch
 
 
 def test_without_packing_batches_are_ordinary_padded_rows(synth_dataset):
-    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, pad_multiple=8)
+    te = PackingTaskEncoder(
+        tokenizer="bundled", max_input_seq_length=8192, pad_multiple=8, unpacked=True
+    )
     batches = list(loader_batches(synth_dataset, te, buffer=None, batch_size=4))
     assert sum(len(b["source_ids"]) for b in batches) == 120
     for batch in batches:
@@ -370,3 +372,18 @@ def test_a_restore_does_not_report_losses_twice(lossy_dataset):
     assert _ghosts(first) == GHOSTS and _ghosts(restored) == []
     again = loader_batches(lossy_dataset, PackingTaskEncoder(**knobs), buffer=8, savable=True)
     assert _ghosts(again) == GHOSTS  # a new pass (another epoch) reports them again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_without_packing_buffer_is_refused_when_built(workers):
+    """Packing cannot be silently off: the loader refuses at construction, naming the knob."""
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, carry=True)
+    with pytest.raises(ValueError, match="without packing_buffer_size") as info:
+        loader_batches(SAMPLE_DATA, te, buffer=None, batch_size=1, workers=workers)
+    assert "packing_buffer_size=256" in str(info.value) and "unpacked=True" in str(info.value)
+    both = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, unpacked=True)
+    with pytest.raises(ValueError, match="packing_buffer_size=16: drop one"):
+        loader_batches(SAMPLE_DATA, both, buffer=16)
+    # per-sample reads (no batching) stay open: the CLI and the reports read conversations so
+    plain = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
+    assert next(iter(loader_batches(SAMPLE_DATA, plain, buffer=None, batch_size=None))).__key__

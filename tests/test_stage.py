@@ -54,7 +54,7 @@ def packs_of(batches):
 
 def stream_order(path):
     """The order in which the loader reads the split (workers=0, no shuffle)."""
-    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=CAPACITY, unpacked=True)
     return [
         keys[0]
         for b in loader_batches(path, te, buffer=None, batch_size=1)

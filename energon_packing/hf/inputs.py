@@ -46,6 +46,7 @@ from energon_packing.schema import (
     PackContractError,
     is_empty,
     model_fields,
+    not_prepacked,
     pack_from_batch,
 )
 from energon_packing.trainer.shim import text_positions
@@ -203,10 +204,7 @@ def _row(batch: Mapping[str, Any], row: int | None) -> int:
             "skip it with `if is_empty(batch): continue`"
         )
     if CU_SEQLENS_PADDED not in batch:
-        raise PackContractError(
-            "cu_seqlens_padded: not a prepacked batch (no boundary keys); to_hf takes the "
-            "loader's packs"
-        )
+        raise not_prepacked("to_hf")
     rows = int(batch[INPUT_IDS].shape[0])
     if row is None:
         if rows != 1:

@@ -297,6 +297,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         guard that ends each worker's stream with its leftover skips and checks restores."""
         self._buffer_size = packing_buffer_size
         config = self.config
+        if batch_size is not None:
+            check_packing_buffer(packing_buffer_size, unpacked=config.unpacked)
         settings = self.restore_settings(
             packing_buffer_size=packing_buffer_size, worker_config=worker_config
         )
@@ -506,6 +508,25 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 f"(or overlong='truncate')"
             )
         return text + ". Fix the data or the knobs, or set max_skips_without_pack=None"
+
+
+def check_packing_buffer(packing_buffer_size: int | None, *, unpacked: bool) -> None:
+    """Packing cannot be silently off: a batched loader needs a packing buffer, unless the
+    ``unpacked`` knob asks for ordinary padded batches (then it must have none)."""
+    if packing_buffer_size is None and not unpacked:
+        raise ValueError(
+            "PackingTaskEncoder: this loader was built without packing_buffer_size, so Energon "
+            "would hand over single conversations and nothing would be packed. Pass "
+            "packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to "
+            "get_train_dataset / get_val_dataset (NeMo-RL #4108: "
+            "data.energon.task_encoder.packing.buffer_size), or unpacked=True for ordinary "
+            "padded batches"
+        )
+    if packing_buffer_size is not None and unpacked:
+        raise ValueError(
+            f"PackingTaskEncoder(unpacked=True) asks for padded batches, but the loader was "
+            f"built with packing_buffer_size={packing_buffer_size}: drop one of the two"
+        )
 
 
 def _signature() -> inspect.Signature:

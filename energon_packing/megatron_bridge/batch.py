@@ -50,8 +50,9 @@ from energon_packing.schema import (
     TOKEN_MASK,
     is_empty,
     model_fields,
+    not_prepacked,
 )
-from energon_packing.trainer.shim import text_positions, validate_prepacked
+from energon_packing.trainer.shim import is_prepacked, text_positions, validate_prepacked
 
 __all__ = [
     "BRIDGE_COMMIT",
@@ -152,6 +153,8 @@ def to_megatron_bridge(
         raise ValueError(f"step={step!r} is not valid; choose one of {', '.join(STEPS)}")
     if is_empty(batch):
         return None
+    if not is_prepacked(batch):
+        raise not_prepacked("to_megatron_bridge")
     if validate:
         validate_prepacked(batch)
     cu = [torch.as_tensor(c).to(torch.int32) for c in batch[CU_SEQLENS]]

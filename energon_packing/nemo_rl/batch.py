@@ -34,6 +34,7 @@ from energon_packing.schema import (
     TOKEN_MASK,
     is_empty,
     model_fields,
+    not_prepacked,
 )
 from energon_packing.trainer.shim import MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS
 
@@ -96,6 +97,8 @@ def to_nemo_rl(batch: Mapping[str, Any], *, source_ids: bool = False) -> tuple[A
     extras[NEMO_RL_MICRO_BATCH_LENGTHS] = [[int(n) for n in batch[INPUT_LENGTHS]]]
     if is_empty(batch):
         return None, extras
+    if CU_SEQLENS not in batch or CU_SEQLENS_PADDED not in batch:
+        raise not_prepacked("to_nemo_rl")
     data = {key: batch[key] for key in _ROW_KEYS}
     data[CU_SEQLENS] = packed_tensor(batch[CU_SEQLENS])
     data[CU_SEQLENS_PADDED] = packed_tensor(batch[CU_SEQLENS_PADDED])

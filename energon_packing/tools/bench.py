@@ -38,7 +38,7 @@ from energon_packing.trainer import (
     pack_microbatches,
     padded_microbatch,
     prepacked_microbatches,
-    token_loss,
+    step_loss,
 )
 
 __all__ = ["PATHS", "Curve", "Flops", "forward_flops", "plot", "prepare", "report", "train"]
@@ -167,14 +167,13 @@ def prepare(
 
 
 def _step(model, optimizer, step: list[Microbatch]) -> float:
-    """One optimizer step; the loss is the token losses over the step's valid tokens (the
-    global count: every microbatch of the step)."""
-    valid = sum(mb.valid_tokens for mb in step)
+    """One optimizer step, normalised over all of its microbatches (:func:`step_loss`)."""
+    normalise = step_loss(step)
     total = 0.0
     for mb in step:
-        loss_sum, _ = token_loss(model(**mb.model_inputs), mb)
-        (loss_sum / valid).backward()
-        total += loss_sum.item() / valid
+        loss = normalise.of(model(**mb.model_inputs), mb)
+        loss.backward()
+        total += loss.item()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total

@@ -46,6 +46,7 @@ from energon_packing.schema import (
     PackContractError,
     is_empty,
     model_fields,
+    not_prepacked,
     pack_from_batch,
 )
 
@@ -63,7 +64,6 @@ __all__ = [
     "packed_seq_params_class",
     "prepacked_microbatches",
     "text_positions",
-    "token_loss",
     "validate_prepacked",
 ]
 
@@ -215,7 +215,7 @@ def validate_prepacked(
     batch meets the contract; with ``image_pad_id``, each conversation's image-pad tokens must
     also match what its images produce."""
     if not is_prepacked(batch):
-        raise PackContractError("cu_seqlens: not a prepacked batch (no boundary keys)")
+        raise not_prepacked("validate_prepacked")
     for key in (INPUT_IDS, TOKEN_MASK, SOURCE_IDS):
         if key not in batch:
             raise PackContractError(f"{key}: missing from a prepacked batch")
@@ -359,10 +359,7 @@ def prepacked_microbatches(
     if is_empty(batch):
         return []
     if not is_prepacked(batch):
-        raise PackContractError(
-            "cu_seqlens: not a prepacked batch; use trainer_side.pack_microbatches for "
-            "ordinary padded rows"
-        )
+        raise not_prepacked("prepacked_microbatches")
     if validate:
         validate_prepacked(batch, pad_multiple=pad_multiple, cp_size=cp_size)
     rows = batch[INPUT_IDS].shape[0]
@@ -408,17 +405,6 @@ def micro_batch_shapes(microbatches: list[Microbatch]) -> dict[str, list]:
 def _per_row(batch: Mapping[str, Any], key: str, row: int) -> Any:
     value = batch.get(key)
     return None if value is None else value[row]
-
-
-def token_loss(logits: torch.Tensor, microbatch: Microbatch) -> tuple[torch.Tensor, int]:
-    """``(sum of weighted token cross-entropies, valid tokens)`` of one microbatch; divide the
-    sum by the *global* valid-token count so every path weighs tokens alike."""
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: loss in fp32
-    losses = torch.nn.functional.cross_entropy(
-        logits.flatten(0, -2).to(dtype), microbatch.labels.flatten(), reduction="none"
-    )
-    weights = microbatch.loss_mask.flatten().to(losses.dtype)
-    return (losses * weights).sum(), microbatch.valid_tokens
 
 
 def check_model_inputs(inputs: Mapping[str, Any]) -> None:
