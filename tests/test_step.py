@@ -158,17 +158,22 @@ def _ranks(tmp_path, kind, recipe, world, reduction):
         assert R.worst(out["last"], want_last) < TOLERANCE
 
 
-def test_two_gloo_ranks_shim_loop_under_ddp(tmp_path):
-    _ranks(tmp_path, "tiny", "shim", 2, "mean")
+GLOO = [
+    (kind, recipe, world, reduction)
+    for kind, recipe in (("tiny", "shim"), ("qwen2_vl", "hf"))
+    for world in (2, 4)
+    for reduction in ("mean", "sum")
+]
+#: the default suite's share: both recipes on 2 ranks under DDP (4 ranks and the summed
+#: reduction run under -m slow, which .ci/run adds: the README test command stays < 3 min)
+DEFAULT_GLOO = {("tiny", "shim", 2, "mean"), ("qwen2_vl", "hf", 2, "mean")}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("kind, recipe", [("tiny", "shim"), ("qwen2_vl", "hf")])
+@pytest.mark.parametrize(
+    "kind, recipe, world, reduction",
+    [pytest.param(*case, marks=() if case in DEFAULT_GLOO else pytest.mark.slow) for case in GLOO],
+)
 def test_gloo_ranks_every_recipe(tmp_path, kind, recipe, world, reduction):
-    if (kind, world, reduction) == ("tiny", 2, "mean"):
-        pytest.skip("in the default suite")
     _ranks(tmp_path, kind, recipe, world, reduction)
 
 
@@ -227,13 +232,87 @@ def test_counts_of_a_batch_exact():
     assert step_loss([filler])(torch.tensor(3.0)) == 0  # nothing trained: no division by 0
 
 
+def test_context_parallel_ranks_count_each_pack_once(monkeypatch):
+    """CP ranks see every pack's source_ids: ``cp_size`` divides packs and conversations, not
+    the weights (each rank holds its slice). Two CP ranks simulated by an all_reduce that
+    doubles."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from energon_packing.schema import Source
+
+    mask = np.r_[0.0, np.ones(7)].astype(np.float32)
+    pack = layout(
+        [Source(key="A", input_ids=np.arange(8), token_mask=mask)],
+        width=8,
+        pad_multiple=4,
+        pad_id=0,
+    )
+    halves = [
+        prepacked_microbatches(collate([pack]), cp_size=2, cp_rank=r, pad_multiple=4)[0]
+        for r in (0, 1)
+    ]
+    assert [int((mb.loss_mask != 0).sum()) for mb in halves] == [3, 4]  # slices of the 7
+    other = counts_of(halves[1])
+
+    def all_reduce(vector, group=None):  # rank 0's counts + rank 1's
+        vector += torch.tensor(
+            [other.packs, other.conversations, other.trained_tokens, other.loss_weight],
+            dtype=vector.dtype,
+        )
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    step = step_loss([halves[0]], group="cp", cp_size=2)
+    assert step.counts == StepCounts(packs=1, conversations=1, trained_tokens=7, loss_weight=7.0)
+    assert (step.denominator, step.scale) == (7.0, 2.0)
+
+
+def test_the_counts_travel_where_the_backend_wants_them(monkeypatch):
+    import torch.distributed as dist
+
+    from energon_packing.trainer import loss
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for backend, device in (
+        ("nccl", torch.device("cuda", 3)),
+        ("gloo", torch.device("cpu")),
+        ("cpu:gloo,cuda:nccl", torch.device("cpu")),
+    ):
+        monkeypatch.setattr(dist, "get_backend", lambda group=None, b=backend: b)
+        assert loss._device("group") == device
+
+
 def test_step_loss_refuses_unknown_choices():
     with pytest.raises(ValueError, match="denominator='mean'.*loss_weights, tokens"):
         step_loss([], denominator="mean")
-    with pytest.raises(ValueError, match="grad_reduction='avg'.*calculate_per_token_loss"):
+    with pytest.raises(ValueError, match="grad_reduction='avg'.*nothing divides them afterwards"):
         step_loss([], grad_reduction="avg")
     with pytest.raises(PackContractError, match="cannot read loss weights from a str"):
         step_loss(["pack"])
+    with pytest.raises(ValueError, match="cp_size=0 must be an int >= 1"):
+        step_loss([], cp_size=0)
+
+
+def test_packed_trainer_refuses_what_it_would_get_wrong(tmp_path):
+    """A loader built for one rank under two processes, and evaluation over packs."""
+    pytest.importorskip("accelerate")
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+
+    from energon_packing.hf import HFPacks, PackedTrainer
+
+    net = R.model("qwen2_vl")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1)
+    loader = SimpleNamespace(worker_config=SimpleNamespace(world_size=2))  # built for 2 ranks
+    trainer = PackedTrainer(model=net, args=args, train_dataset=HFPacks(loader))
+    with pytest.raises(ValueError, match="built for 2 rank.*1 processes train.*WorkerConfig"):
+        trainer.get_train_dataloader()
+    with pytest.raises(ValueError, match="does not evaluate HFPacks.*step_loss"):
+        trainer.get_eval_dataloader(HFPacks([]))
 
 
 # ---- packing cannot be silently off ---------------------------------------------------------------

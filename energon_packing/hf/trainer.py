@@ -22,6 +22,7 @@ mixin with any ``Trainer`` subclass: ``class MyTrainer(PackedLossMixin, SFTTrain
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -48,7 +49,9 @@ class HFPacks:
     """An Energon loader's batches as ``Trainer`` batches: one pack per batch.
 
     Iterable (not a ``torch`` dataset; it has no length, so the ``Trainer`` needs ``max_steps``).
-    Accounting-only batches are not steps; their skips are kept in :attr:`skipped`.
+    Accounting-only batches are not steps; :attr:`skipped` counts every skip by reason. Give it
+    a train loader that repeats (``get_train_dataset``'s default): a rank that runs out of packs
+    before ``max_steps`` stops the job (the others would wait for it forever).
 
     Args:
         batches: The loader (or any iterable of loader batches).
@@ -65,11 +68,11 @@ class HFPacks:
     ):
         self.batches = batches
         self.options = dict(model=model, config=config, attn_implementation=attn_implementation)
-        self.skipped: list = []
+        self.skipped: Counter = Counter()
 
     def __iter__(self) -> Iterator[dict]:
         for batch in self.batches:
-            self.skipped.extend(batch.get(PACKING_SKIPPED, ()))
+            self.skipped.update(reason for _, reason in batch.get(PACKING_SKIPPED, ()))
             if is_empty(batch):
                 continue
             for row in range(int(batch[INPUT_IDS].shape[0])):
@@ -96,11 +99,33 @@ class PackedLossMixin:
     loss_is_scaled_for_ga = True
     _step: StepLoss | None = None
 
+    _warned = False
+
     def get_train_dataloader(self) -> Any:
         """:class:`HFPacks` as they are (each process's loader reads its own data)."""
         if isinstance(self.train_dataset, HFPacks):
+            config = getattr(self.train_dataset.batches, "worker_config", None)
+            ranks = getattr(config, "world_size", self.args.world_size)
+            if ranks != self.args.world_size:
+                raise ValueError(
+                    f"HFPacks: the Energon loader was built for {ranks} rank(s), but "
+                    f"{self.args.world_size} processes train: every process would read the "
+                    f"same data. Build it with WorkerConfig(rank=int(os.environ['RANK']), "
+                    f"world_size=int(os.environ['WORLD_SIZE']), num_workers=...)"
+                )
             return self.train_dataset
         return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """Refuses :class:`HFPacks`: ``Trainer``'s evaluation averages per-batch means (each
+        pack's own), which is not the packs' mean."""
+        if isinstance(eval_dataset if eval_dataset is not None else self.eval_dataset, HFPacks):
+            raise ValueError(
+                "PackedTrainer does not evaluate HFPacks (Trainer would average each pack's own "
+                "mean); evaluate in your own loop: step_loss over all eval packs, then "
+                "normalise.of(...) per pack"
+            )
+        return super().get_eval_dataloader(eval_dataset)
 
     def get_batch_samples(
         self, epoch_iterator: Iterator, num_batches: int, device: torch.device
@@ -118,7 +143,14 @@ class PackedLossMixin:
             import torch.distributed as dist
 
             group = dist.group.WORLD
-            if not self.args.average_tokens_across_devices:
+            if len(batch_samples) < num_batches and isinstance(self.train_dataset, HFPacks):
+                raise RuntimeError(
+                    f"HFPacks ran out of packs on rank {self.args.process_index} "
+                    f"({len(batch_samples)} of {num_batches} for this step) while other ranks "
+                    f"may go on: build the train loader with repeat=True (Energon's default)"
+                )
+            if not self.args.average_tokens_across_devices and not self._warned:
+                self._warned = True
                 logger.warning(
                     "average_tokens_across_devices=False: PackedLossMixin still divides by the "
                     "denominator over every process (the unpacked batch's mean)"

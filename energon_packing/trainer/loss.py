@@ -19,11 +19,15 @@ How the trainer combines the ranks' gradients sets ``scale`` (``grad_reduction``
 
 * ``"mean"``: DDP, FSDP, ``accelerate`` / the HF ``Trainer`` average over the W ranks, so the
   loss is multiplied by W (NeMo-RL's DTensor path does ``loss *= dp_size * cp_size``);
-* ``"sum"``: Megatron with ``calculate_per_token_loss=True`` (NeMo-RL's Megatron path) sums.
+* ``"sum"``: the ranks' gradients are summed and nothing divides them afterwards (an
+  ``all_reduce`` of your own). Megatron with ``calculate_per_token_loss=True`` is *not* this
+  case: it divides by the token count its ``loss_func`` returns, so there the loss function
+  returns ``(weighted_loss_sum, weight_sum)`` and ``step_loss`` is not used.
 
 With context parallelism each CP rank holds a slice of every pack: pass the group that spans the
 data- and context-parallel ranks (Megatron: ``get_data_parallel_group(with_context_parallel=
-True)``), so the counts add up to the whole packs and W is the number of ranks averaged over.
+True)``) and ``cp_size``, so the weights add up to the whole packs, W is the number of ranks
+averaged over, and packs and conversations (which every CP rank of a pack sees) count once.
 """
 
 from __future__ import annotations
@@ -223,6 +227,16 @@ class StepLoss:
         return self(weighted_loss_sum(logits[..., :-1, :], labels[..., 1:], weights[..., 1:]))
 
 
+def _device(group: Any) -> torch.device:
+    """Where a collective over ``group`` takes its tensors: NCCL only handles CUDA ones."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "cpu:" not in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _world(group: Any) -> tuple[Any, int]:
     """The process group to reduce over and its size; no group: one rank."""
     import torch.distributed as dist
@@ -245,6 +259,7 @@ def step_loss(
     denominator: str = DEFAULT_DENOMINATOR,
     grad_reduction: str = "mean",
     group: Any = None,
+    cp_size: int = 1,
 ) -> StepLoss:
     """The normalisation of one optimizer step, from every microbatch this rank runs in it.
 
@@ -254,19 +269,22 @@ def step_loss(
             or weight tensors (:func:`weights_of`).
         denominator: ``"loss_weights"`` (default; NeMo-RL's) or ``"tokens"``.
         grad_reduction: ``"mean"`` if the trainer averages gradients over ranks (DDP, FSDP,
-            ``accelerate``), ``"sum"`` if it sums them (Megatron with
-            ``calculate_per_token_loss``).
+            ``accelerate``), ``"sum"`` if it sums them and divides by nothing afterwards.
         group: The data-parallel process group (spanning CP ranks too, with context
             parallelism); None: this rank alone, no collective.
+        cp_size: Context-parallel ranks per pack in ``group``: each sees the whole
+            ``source_ids``, so packs and conversations are divided by it.
 
     Every rank must call it once per step (one ``all_reduce`` of four numbers over ``group``).
     """
     check_denominator(denominator)
+    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+        raise ValueError(f"cp_size={cp_size!r} must be an int >= 1")
     if grad_reduction not in GRAD_REDUCTIONS:
         raise ValueError(
             f"grad_reduction={grad_reduction!r} is not valid; choose 'mean' (DDP, FSDP, "
-            f"accelerate average gradients over ranks) or 'sum' (Megatron with "
-            f"calculate_per_token_loss=True)"
+            f"accelerate average gradients over ranks) or 'sum' (gradients summed over ranks, "
+            f"nothing divides them afterwards)"
         )
     local = StepCounts()
     for item in items:
@@ -280,12 +298,13 @@ def step_loss(
         vector = torch.tensor(
             [local.packs, local.conversations, local.trained_tokens, local.loss_weight],
             dtype=torch.float64,
+            device=_device(group),
         )
         dist.all_reduce(vector, group=group)
         packs, conversations, tokens, weight = vector.tolist()
         total = StepCounts(
-            packs=int(packs),
-            conversations=int(conversations),
+            packs=round(packs / cp_size),
+            conversations=round(conversations / cp_size),
             trained_tokens=int(tokens),
             loss_weight=weight,
         )
