@@ -155,11 +155,20 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise Skip("malformed_json", f"top level is {type(data).__name__}, not an object")
     messages = data.get("messages")
+    if messages is None and isinstance(data.get("conversations"), list):
+        messages = _from_value(data["conversations"])
     if messages is None:
-        raise Skip("missing_messages", "the document has no 'messages' list")
+        raise Skip(
+            "missing_messages",
+            "the document has no 'messages' list (nor LLaVA 'conversations'); "
+            "`energon-packing convert` turns LLaVA, ShareGPT, messages JSONL and Hugging Face "
+            "datasets into this format",
+        )
     if not isinstance(messages, list):
         raise Skip("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
-    names = data.get("images", [])
+    names = data.get("images")
+    if names is None:
+        names = _implied_images(messages, images, data.get("image"))
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise Skip("malformed_json", "'images' must be a list of part names")
     _alias_normalized(names, images)
@@ -169,6 +178,53 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         "images": images,
         "loss_weight": check_loss_weight(data.get("loss_weight", 1.0)),
     }
+
+
+#: LLaVA / ShareGPT speakers -> roles
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+_ROLES["system"] = "system"
+
+
+def _from_value(turns: list) -> list:
+    """LLaVA's ``[{"from": "human", "value": ...}]`` as ``messages``."""
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get("from") not in _ROLES:
+            speaker = turn.get("from") if isinstance(turn, dict) else turn
+            raise Skip(
+                "malformed_message",
+                f"conversations[{i}]: 'from' is {brief(speaker)}, not human, gpt or system; "
+                f"`energon-packing convert` maps other shapes",
+            )
+        messages.append({"role": _ROLES[turn["from"]], "content": turn.get("value")})
+    return messages
+
+
+def _implied_images(messages: list, parts: dict[str, bytes], llava_image: Any) -> list[str]:
+    """The ``images`` list a document without one implies: the image parts its content names
+    (in order), LLaVA's ``image`` field, or the sample's only image part when the content
+    refers to one image without naming it (one ``<image>``)."""
+    named: list[str] = []
+    unnamed = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            unnamed += content.count("<image>")
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image":
+                    name = part.get("image")
+                    if isinstance(name, str) and name not in named:
+                        named.append(name)
+                    elif name is None:
+                        unnamed += 1
+    if named:
+        return named
+    if isinstance(llava_image, str) and llava_image in parts:
+        return [llava_image]
+    if unnamed == 1 and len(parts) == 1:
+        return list(parts)
+    return []
 
 
 def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:

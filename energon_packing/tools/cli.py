@@ -18,6 +18,7 @@ import click
 from energon_packing import __version__
 from energon_packing.errors import describe
 from energon_packing.loader.loading import epoch
+from energon_packing.packing.algorithms import ALGORITHMS
 from energon_packing.schema import is_empty
 
 __all__ = ["main"]
@@ -43,6 +44,14 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
     meta = path / ".nv-meta"
     if not meta.is_dir():
         from energon_packing.loader.shards import shard_paths
+
+        above = next((p for p in path.resolve().parents if (p / ".nv-meta").is_dir()), None)
+        if above is not None:
+            raise click.BadParameter(
+                f"{path} is a folder inside the prepared dataset {above}: pass {above}",
+                ctx=ctx,
+                param=param,
+            )
 
         if shard_paths(path):
             raise click.BadParameter(
@@ -315,7 +324,11 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor,
     "--buffer", "buffers", multiple=True, type=int, default=(64, 256, 1024), show_default=True
 )
 @click.option(
-    "--algorithm", "algorithms", multiple=True, help="Only these algorithms (default: all)."
+    "--algorithm",
+    "algorithms",
+    multiple=True,
+    type=click.Choice(list(ALGORITHMS)),
+    help="Only these algorithms (default: all).",
 )
 def stats(
     path: Path,
@@ -331,7 +344,9 @@ def stats(
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
     from energon_packing.packing import ALGORITHMS
+    from energon_packing.packing.algorithms import round_up
     from energon_packing.tools.report import (
+        capacity_hint,
         format_skipped,
         format_table,
         measure_costs,
@@ -348,6 +363,20 @@ def stats(
         f"C={capacity}, pad_multiple={pad_multiple}"
     )
     click.echo(format_skipped(measured.skipped, te.stats.skipped_keys))
+    total = len(measured.costs) + sum(measured.skipped.values())
+    if measured.skipped.get("overlong", 0) > 0.01 * total:  # measure them with room to spare
+        wide = _encoder(
+            round_up(1 << 24, pad_multiple),
+            pad_multiple,
+            max_pixels,
+            overlong,
+            tokenizer,
+            processor,
+        )
+        every = measure_costs(path, wide, progress=False).costs
+        hint = capacity_hint(every, capacity=capacity, pad_multiple=pad_multiple, total=total)
+        if hint:
+            click.echo(hint)
     rows = packing_table(measured, algorithms=algorithms or ALGORITHMS, buffers=buffers)
     click.echo(format_table(rows))
     click.echo(recommend(rows))
@@ -385,14 +414,26 @@ def preview(
 
     _quiet()
     from energon_packing.tools.picture import describe, draw, pack_segments
+    from energon_packing.tools.report import format_skipped
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, carry=carry)
-    packs = (b for b in epoch(path, te, packing_buffer_size=buffer) if not is_empty(b))
-    batches = list(itertools.islice(packs, count))  # zero-row batches carry skips only
+    skipped: dict[str, list[str]] = {}
+
+    def packs():
+        for batch in epoch(path, te, packing_buffer_size=buffer):
+            for key, reason in batch.get("packing_skipped", ()):
+                skipped.setdefault(reason, []).append(key)
+            if not is_empty(batch):  # zero-row batches carry skips only
+                yield batch
+
+    batches = list(itertools.islice(packs(), count))
     if not batches:
         _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
     layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches]
     click.echo(describe(layouts))
+    if skipped:  # read while filling the buffer for these packs
+        counts = {reason: len(keys) for reason, keys in skipped.items()}
+        click.echo("while packing these, " + format_skipped(counts, skipped))
     draw(layouts, picture, title=f"{path.name}: first {len(layouts)} packs (C={capacity})")
     click.echo(f"picture: {picture}")
 
@@ -555,4 +596,64 @@ def check(path: Path, limit: int) -> None:
             advice = "the loader reports these samples itself (nothing vanishes uncounted)"
         if scan.findings:
             click.echo(f"\n{len(scan.findings):,} finding(s): {advice}")
+        raise SystemExit(1)
+
+
+@main.command("convert")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "llava", "sharegpt", "hf", "messages"]),
+    default="auto",
+    show_default=True,
+    help="The records' format; auto decides record by record.",
+)
+@click.option(
+    "--media-root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Where relative image and video paths point (default: SOURCE's folder).",
+)
+@click.option(
+    "--val-fraction",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="Records (evenly spread) that go to a val split, disjoint from train.",
+)
+@click.option("--samples-per-shard", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")
+def convert_command(
+    source: Path, out: Path, fmt: str, media_root, val_fraction, samples_per_shard, strict
+) -> None:
+    """Convert LLaVA / ShareGPT JSON, JSONL of messages or a Hugging Face dataset into prepared
+    Energon shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
+    record's key to OUT/convert_map.jsonl."""
+    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, convert
+
+    _quiet(progress=True)
+    try:
+        result = convert(
+            source=source,
+            out=out,
+            format=fmt,
+            media_root=media_root,
+            val_fraction=val_fraction,
+            samples_per_shard=samples_per_shard,
+            progress=True,
+        )
+    except (FileExistsError, ValueError, ImportError) as e:
+        raise click.UsageError(" ".join(str(e).split())) from None
+    reported = ", ".join(f"{reason} {n:,}" for reason, n in sorted(result.reported.items()))
+    click.echo(
+        f"converted {result.converted:,} records (train {result.train:,}, val {result.val:,}) "
+        f"into {len(result.shards)} shard(s) under {out / 'shards'}; reported "
+        f"{result.total_reported:,}{f' ({reported})' if reported else ''} in "
+        f"{out / REPORT_FILE}; keys in {out / MAP_FILE}"
+    )
+    if result.converted:
+        click.echo(f"prepared: energon-packing stats {out}")
+    if strict and result.total_reported:
         raise SystemExit(1)

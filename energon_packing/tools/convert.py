@@ -1,0 +1,350 @@
+"""``energon-packing convert``: users' data -> prepared Energon WebDataset shards, exactly once.
+
+Sources (``--format auto`` decides record by record what the explicit format would):
+
+* a ``.json`` file holding a list of records (LLaVA, ShareGPT), read as a stream;
+* a ``.jsonl`` file, one record per line (messages, ShareGPT, LLaVA); a broken line is reported;
+* a Hugging Face dataset: a ``save_to_disk`` folder (``*.arrow``) or ``.parquet`` files (a file
+  or a folder of them); image columns as ``{"bytes", "path"}``;
+* a folder of ``.json`` / ``.jsonl`` files (in name order).
+
+Output (``OUT`` is created, refused if it exists and is not empty)::
+
+    OUT/shards/train-00000.tar ...     <key>.json + <key>.img0.jpg ...   (keys: r000000000 ...)
+    OUT/shards/val-00000.tar ...       with --val-fraction (disjoint from train)
+    OUT/convert_report.jsonl           {"file", "index", "reason", "detail"} per record not converted
+    OUT/convert_map.jsonl              {"file", "index", "id", "key"} per converted record
+    OUT/.nv-meta/...                   prepared (energon-packing prepare), train and val splits
+
+``index`` is 0-based: the position in a JSON list, the line of a JSONL file (broken lines
+counted), the row of a dataset. Memory stays flat in the dataset size: records stream in,
+samples stream out, one shard open at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from energon_packing.tools.records import (
+    FORMATS,
+    RecordError,
+    data_uri,
+    detect_format,
+    sniff_suffix,
+    suffix_of,
+    to_document,
+)
+
+__all__ = ["ConvertResult", "convert", "read_records"]
+
+logger = logging.getLogger("energon_packing")
+
+REPORT_FILE = "convert_report.jsonl"
+MAP_FILE = "convert_map.jsonl"
+#: 1 / golden ratio: record i goes to val when frac(i * PHI) < val_fraction (evenly spread)
+PHI = 0.6180339887498949
+_CHUNK = 1 << 20
+
+
+@dataclass(kw_only=True, slots=True)
+class ConvertResult:
+    out: Path
+    converted: int = 0
+    train: int = 0
+    val: int = 0
+    reported: dict[str, int] = field(default_factory=dict)
+    shards: list[Path] = field(default_factory=list)
+
+    @property
+    def total_reported(self) -> int:
+        return sum(self.reported.values())
+
+
+_BROKEN = object()
+
+
+def _json_list(path: Path) -> Iterator[tuple[int, Any]]:
+    """The records of a file holding one JSON list, one at a time (never the whole list). If
+    the rest of the file stops parsing, that is one broken record at the index reached."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        buffer, position, eof = "", 0, False
+
+        def more() -> None:
+            nonlocal buffer, position, eof
+            chunk = f.read(_CHUNK)
+            buffer, position, eof = buffer[position:] + chunk, 0, not chunk
+
+        def skip(characters: str) -> bool:
+            """Skips ``characters``; False at the end of the file."""
+            nonlocal position
+            while True:
+                while position < len(buffer) and buffer[position] in characters:
+                    position += 1
+                if position < len(buffer):
+                    return True
+                if eof:
+                    return False
+                more()
+
+        if not skip(" \t\r\n") or buffer[position] != "[":
+            raise ValueError(f"{path}: a .json source holds one list of records")
+        position += 1
+        index = 0
+        while skip(" \t\r\n,"):
+            if buffer[position] == "]":
+                return
+            try:
+                record, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                if eof:
+                    yield index, _BROKEN
+                    return
+                more()
+                continue
+            yield index, record
+            index, position = index + 1, end
+        yield index, _BROKEN  # the list never closes
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for index, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                yield index, json.loads(line)
+            except ValueError:
+                yield index, _BROKEN
+
+
+def _arrow_rows(paths: list[Path]) -> Iterator[tuple[int, Any]]:
+    """Rows of Arrow IPC streams (``save_to_disk``) or Parquet files, a batch at a time."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            "reading a Hugging Face dataset needs pyarrow: pip install 'energon_packing[datasets]'"
+        ) from None
+    index = 0
+    for path in paths:
+        if path.suffix == ".parquet":
+            batches = pq.ParquetFile(path).iter_batches(batch_size=256)
+        else:
+            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+            batches = iter(reader)
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+
+
+def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
+    """``(file, index, record)`` of every record under ``source`` (a broken one: a sentinel the
+    converter reports as ``malformed_record``)."""
+    source = Path(source)
+    if source.is_dir():
+        arrow = sorted(source.glob("*.arrow"))
+        parquet = sorted(source.rglob("*.parquet"))
+        if arrow or parquet:
+            for index, row in _arrow_rows(arrow or parquet):
+                yield source.name, index, row
+            return
+        if (source / "dataset_dict.json").exists():
+            splits = [p.name for p in sorted(source.iterdir()) if p.is_dir()]
+            raise ValueError(
+                f"{source} is a DatasetDict: convert one split folder, e.g. "
+                f"{source / (splits[0] if splits else 'train')}"
+            )
+        files = sorted(p for p in source.rglob("*") if p.suffix in (".json", ".jsonl"))
+        if not files:
+            raise ValueError(f"{source} holds no .json, .jsonl, .arrow or .parquet records")
+        for path in files:
+            yield from read_records(path)
+        return
+    name = source.name
+    if source.suffix == ".parquet":
+        rows = _arrow_rows([source])
+    elif source.suffix == ".jsonl":
+        rows = _json_lines(source)
+    elif source.suffix == ".json":
+        rows = _json_list(source)
+    else:
+        raise ValueError(f"{source}: not a .json, .jsonl or .parquet file, nor a dataset folder")
+    for index, record in rows:
+        yield name, index, record
+
+
+class _MediaLoader:
+    """Loads a record's media: a path (relative to ``root``), a ``data:`` URI, raw bytes or a
+    Hugging Face image entry ``{"bytes", "path"}``; bytes as they are, checked to be images."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __call__(self, source: Any, kind: str) -> tuple[bytes, str]:
+        path = None
+        if isinstance(source, dict):  # a datasets Image / Video entry
+            data, path = source.get("bytes"), source.get("path")
+            if data is None and path is None:
+                raise RecordError("missing_image", f"an {kind} entry with neither bytes nor path")
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        elif isinstance(source, str):
+            data = data_uri(source)
+            path = None if data is not None else source
+        else:
+            raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
+        if data is None:
+            file = Path(path) if Path(path).is_absolute() else self.root / path
+            try:
+                data = file.read_bytes()
+            except FileNotFoundError:
+                raise RecordError(
+                    "missing_image", f"{kind} file {path!r} not found under {self.root}"
+                ) from None
+            except OSError as e:
+                raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
+        if kind == "video":
+            return data, suffix_of(path or "") or ".mp4"
+        suffix = sniff_suffix(data)
+        if suffix is None:
+            raise RecordError(
+                "unreadable_image", f"{path or 'the image bytes'} is not an image Pillow reads"
+            )
+        return data, suffix
+
+
+class _Shards:
+    """Tar shards of one split, cut at ``max_count`` samples or ``max_bytes``; deterministic
+    headers (mtime 0, root owner) so the same input gives the same bytes."""
+
+    def __init__(self, folder: Path, prefix: str, *, max_count: int, max_bytes: int):
+        self.folder, self.prefix = folder, prefix
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.tar: tarfile.TarFile | None = None
+        self.paths: list[Path] = []
+        self.count = self.bytes = 0
+
+    def add(self, key: str, parts: dict[str, bytes]) -> None:
+        if self.tar is None or self.count >= self.max_count or self.bytes >= self.max_bytes:
+            self.close()
+            path = self.folder / f"{self.prefix}-{len(self.paths):05d}.tar"
+            self.paths.append(path)
+            self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 (closed in close)
+            self.count = self.bytes = 0
+        for part, data in parts.items():
+            info = tarfile.TarInfo(f"{key}.{part}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            self.tar.addfile(info, io.BytesIO(data))
+            self.bytes += len(data) + 512
+        self.count += 1
+
+    def close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+            self.tar = None
+
+
+def _is_val(index: int, fraction: float) -> bool:
+    return fraction > 0 and (index * PHI) % 1.0 < fraction
+
+
+def convert(
+    *,
+    source: Path | str,
+    out: Path | str,
+    format: str = "auto",
+    media_root: Path | str | None = None,
+    val_fraction: float = 0.0,
+    samples_per_shard: int = 1000,
+    shard_bytes: int = 1 << 30,
+    prepare: bool = True,
+    progress: bool = False,
+) -> ConvertResult:
+    """Converts ``source`` into prepared Energon shards under ``out`` (see the module docstring).
+
+    Args:
+        source: A file or folder of records.
+        out: The dataset folder to create (must not exist, or be empty).
+        format: ``auto`` or one of ``llava``, ``sharegpt``, ``hf``, ``messages``.
+        media_root: Where relative media paths point (default: the source's folder).
+        val_fraction: Records (evenly spread, deterministic) that go to a ``val`` split.
+        samples_per_shard, shard_bytes: Where a shard is cut.
+        prepare: Run ``energon-packing prepare`` on the result.
+        progress: A tqdm bar over the records.
+    """
+    source, out = Path(source), Path(out)
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"format={format!r}; choose auto or one of {', '.join(FORMATS)}")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not empty: convert writes a new dataset folder")
+    root = (
+        Path(media_root)
+        if media_root is not None
+        else (source if source.is_dir() else source.parent)
+    )
+    shards_dir = out / "shards"
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    load = _MediaLoader(root)
+    splits = {
+        name: _Shards(shards_dir, name, max_count=samples_per_shard, max_bytes=shard_bytes)
+        for name in ("train", "val")
+    }
+    result = ConvertResult(out=out)
+    records = read_records(source)
+    if progress:
+        from tqdm import tqdm
+
+        records = tqdm(records, unit=" records", desc=f"convert {source.name}")
+    position = 0
+    with (
+        open(out / REPORT_FILE, "w", encoding="utf-8") as report,
+        open(out / MAP_FILE, "w", encoding="utf-8") as mapping,
+    ):
+        for file, index, record in records:
+            key = f"r{position:09d}"
+            position += 1
+            try:
+                if record is _BROKEN:
+                    raise RecordError("malformed_record", "the record is not valid JSON")
+                fmt = detect_format(record) if format == "auto" else format
+                converted = to_document(record, fmt, load)
+            except RecordError as e:
+                result.reported[e.reason] = result.reported.get(e.reason, 0) + 1
+                line = {"file": file, "index": index, "reason": e.reason, "detail": e.detail}
+                report.write(json.dumps(line, ensure_ascii=False) + "\n")
+                continue
+            document = json.dumps(converted.document, ensure_ascii=False).encode("utf-8")
+            split = "val" if _is_val(position - 1, val_fraction) else "train"
+            splits[split].add(key, {"json": document, **converted.parts})
+            setattr(result, split, getattr(result, split) + 1)
+            result.converted += 1
+            entry = {"file": file, "index": index, "id": _plain(converted.id), "key": key}
+            mapping.write(json.dumps(entry, ensure_ascii=False) + "\n")
+    for shards in splits.values():
+        shards.close()
+        result.shards += shards.paths
+    if prepare and result.converted:
+        from energon_packing.loader.prepare import prepare_dataset
+
+        parts = [f"{name}:shards/{name}-.*\\.tar$" for name in splits if splits[name].paths]
+        prepare_dataset(out, split_parts=parts)
+    return result
+
+
+def _plain(value: Any) -> Any:
+    """A record id as JSON can hold it."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)

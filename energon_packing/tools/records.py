@@ -1,0 +1,308 @@
+"""What users' multimodal SFT records look like, turned into our conversation document.
+
+One record in, one document out (``{"messages": [...], "images": [...], "videos": [...]}``
+plus the media to store beside it), or :class:`RecordError` with a report reason:
+
+* ``llava`` / ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value":
+  "<image>\\n..."}], "image": path | [paths], "images": [...], "video": path | [paths]}``;
+* ``messages``: ``{"messages": [{"role", "content": str | [parts]}], "images": [...]}`` with
+  OpenAI-style parts (``text``, ``image_url`` with a path or a ``data:`` URI, ``image``);
+* ``hf``: a Hugging Face dataset row: the_cauldron's ``images`` + ``texts`` (``[{"user",
+  "assistant"}]``; every image in the first user turn), or ``messages`` / ``conversations``
+  beside an ``images`` column of ``{"bytes", "path"}`` entries.
+
+Content is carried, never invented: no system prompt is added, ``human`` -> ``user``, ``gpt`` ->
+``assistant``, each image stays in the turn that names it (``<image>`` placeholders become image
+parts in place; a record with images but no placeholder gets them at the start of its first
+user turn, where LLaVA's own preprocessing puts them), image bytes are copied as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMATS",
+    "REPORT_REASONS",
+    "Converted",
+    "RecordError",
+    "detect_format",
+    "to_document",
+]
+
+FORMATS = ("llava", "sharegpt", "hf", "messages")
+REPORT_REASONS = ("missing_image", "unreadable_image", "malformed_record")
+ROLE_OF = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+ROLE_OF["system"] = "system"
+IMAGE, VIDEO = "<image>", "<video>"
+_PLACEHOLDER = re.compile(r"(<image>|<video>)")
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
+
+
+class RecordError(Exception):
+    """A record that is reported, not converted: ``reason`` (one of :data:`REPORT_REASONS`)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass(kw_only=True, slots=True)
+class Converted:
+    """A record as our document and the parts to store beside it (part name -> bytes)."""
+
+    document: dict
+    parts: dict[str, bytes] = field(default_factory=dict)
+    id: Any = None
+
+
+def detect_format(record: Any) -> str:
+    """The format a record is written in (what ``--format auto`` picks, record by record)."""
+    if isinstance(record, dict):
+        if "texts" in record and "images" in record:
+            return "hf"
+        if isinstance(record.get("conversations"), list):
+            return "llava"
+        if isinstance(record.get("messages"), list):
+            return "messages"
+    raise RecordError(
+        "malformed_record",
+        "neither 'conversations' (LLaVA / ShareGPT), 'messages' nor the_cauldron's "
+        "'images' + 'texts'",
+    )
+
+
+class _Media:
+    """Collects a record's images and videos as parts, in order of first use."""
+
+    def __init__(self, load: Callable[[Any], tuple[bytes, str]]):
+        self.load = load
+        self.parts: dict[str, bytes] = {}
+        self.images: list[str] = []
+        self.videos: list[str] = []
+
+    def add(self, source: Any, kind: str) -> str:
+        data, suffix = self.load(source, kind)
+        names = self.images if kind == "image" else self.videos
+        name = f"{'img' if kind == 'image' else 'vid'}{len(names)}{suffix}"
+        names.append(name)
+        self.parts[name] = data
+        return name
+
+
+def _listed(value: Any, what: str) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, dict, bytes)):
+        return [value]
+    if isinstance(value, list):
+        return value
+    raise RecordError("malformed_record", f"'{what}' is {type(value).__name__}, not a list")
+
+
+def _split(text: str, queue: dict[str, list], media: _Media) -> list[dict] | str:
+    """A text with placeholders -> parts (image/video parts in place), or the text itself."""
+    if not _PLACEHOLDER.search(text):
+        return text
+    parts: list[dict] = []
+    for piece in _PLACEHOLDER.split(text):
+        if piece in (IMAGE, VIDEO):
+            kind = "image" if piece == IMAGE else "video"
+            if not queue[kind]:
+                raise RecordError(
+                    "malformed_record", f"more {piece} placeholders than {kind}s in the record"
+                )
+            parts.append({"type": kind, kind: media.add(queue[kind].pop(0), kind)})
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Media) -> list[dict]:
+    """Role/text turns with their placeholders resolved; unplaced media go first in the first
+    user turn (LLaVA's rule), in the order listed."""
+    queue = {"image": list(images), "video": list(videos)}
+    counts = {kind: sum(text.count(f"<{kind}>") for _, text in turns) for kind in queue}
+    lead = {kind: [] if counts[kind] else queue[kind] for kind in queue}
+    for kind in queue:
+        if counts[kind] and counts[kind] != len(queue[kind]):
+            raise RecordError(
+                "malformed_record",
+                f"{counts[kind]} <{kind}> placeholder(s) for {len(queue[kind])} {kind}(s)",
+            )
+        if not counts[kind]:
+            queue[kind] = []
+    messages = []
+    for role, text in turns:
+        content: Any = _split(text, queue, media)
+        if role == "user" and (lead["image"] or lead["video"]):
+            first = [
+                {"type": kind, kind: media.add(source, kind)}
+                for kind in ("video", "image")
+                for source in lead[kind]
+            ]
+            lead = {"image": [], "video": []}
+            text_parts = (
+                [{"type": "text", "text": content}] if isinstance(content, str) else content
+            )
+            content = first + [p for p in text_parts if p.get("text") != ""]
+        messages.append({"role": role, "content": content})
+    if lead["image"] or lead["video"]:
+        raise RecordError("malformed_record", "media but no user turn to put them in")
+    return messages
+
+
+def _from_value(record: dict) -> list[tuple[str, str]]:
+    turns = []
+    for i, turn in enumerate(_listed(record.get("conversations"), "conversations")):
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise RecordError("malformed_record", f"turn {i} has no string 'value'")
+        role = ROLE_OF.get(turn.get("from"))
+        if role is None:
+            raise RecordError(
+                "malformed_record",
+                f"turn {i}: 'from' is {turn.get('from')!r}, not human, gpt or system",
+            )
+        turns.append((role, turn["value"]))
+    if "system" in record and isinstance(record["system"], str):
+        turns.insert(0, ("system", record["system"]))
+    return turns
+
+
+def _llava(record: dict, media: _Media) -> dict:
+    images = _listed(record.get("image"), "image") + _listed(record.get("images"), "images")
+    videos = _listed(record.get("video"), "video") + _listed(record.get("videos"), "videos")
+    return {"messages": _turns(_from_value(record), images, videos, media)}
+
+
+def _content_parts(content: Any, images: list, media: _Media) -> Any:
+    """OpenAI / Hugging Face parts -> ours (images stored as parts)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RecordError("malformed_record", f"content is {type(content).__name__}")
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            out.append({"type": "text", "text": part.get("text", "")})
+        elif kind in ("image", "image_url", "video"):
+            media_kind = "video" if kind == "video" else "image"
+            source = part.get(kind) if kind != "image_url" else part.get("image_url")
+            if isinstance(source, dict):
+                source = source.get("url", source.get("path", source))
+            if source is None:  # {"type": "image"} alone: the next listed image
+                if not images:
+                    raise RecordError("malformed_record", "an image part names no image")
+                source = images.pop(0)
+            out.append({"type": media_kind, media_kind: media.add(source, media_kind)})
+        else:
+            raise RecordError("malformed_record", f"content part of type {kind!r}")
+    return out
+
+
+def _messages(record: dict, media: _Media) -> dict:
+    images = _listed(record.get("images"), "images")
+    videos = _listed(record.get("videos"), "videos")
+    messages = _listed(record.get("messages", record.get("conversations")), "messages")
+    if any(isinstance(m, dict) and "from" in m for m in messages):
+        return _llava({**record, "conversations": messages, "images": images}, media)
+    plain = all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLE_OF:
+            raise RecordError("malformed_record", f"message {i} has no valid 'role'")
+    if plain:  # strings with <image> placeholders and a top-level images list
+        turns = [(ROLE_OF[m["role"]], m["content"]) for m in messages]
+        return {"messages": _turns(turns, images, videos, media)}
+    out = [
+        {"role": ROLE_OF[m["role"]], "content": _content_parts(m.get("content"), images, media)}
+        for m in messages
+    ]
+    return {"messages": out}
+
+
+def _cauldron(record: dict, media: _Media) -> dict:
+    turns = []
+    for i, pair in enumerate(_listed(record.get("texts"), "texts")):
+        if not isinstance(pair, dict) or not all(
+            isinstance(pair.get(k), str) for k in ("user", "assistant")
+        ):
+            raise RecordError(
+                "malformed_record", f"texts[{i}] needs 'user' and 'assistant' strings"
+            )
+        turns += [("user", pair["user"]), ("assistant", pair["assistant"])]
+    # no placeholders (the_cauldron writes none): every image leads the first user turn
+    return {"messages": _turns(turns, _listed(record.get("images"), "images"), [], media)}
+
+
+def to_document(record: Any, fmt: str, load: Callable[[Any, str], tuple[bytes, str]]) -> Converted:
+    """One record -> :class:`Converted`; ``load(source, kind)`` returns a media source's bytes
+    and its part suffix (or raises :class:`RecordError`)."""
+    if not isinstance(record, dict):
+        raise RecordError("malformed_record", f"a record is {type(record).__name__}, not an object")
+    media = _Media(load)
+    if fmt in ("llava", "sharegpt"):
+        if not isinstance(record.get("conversations"), list):
+            raise RecordError("malformed_record", "no 'conversations' list")
+        document = _llava(record, media)
+    elif fmt == "messages":
+        if not isinstance(record.get("messages"), list):
+            raise RecordError("malformed_record", "no 'messages' list")
+        document = _messages(record, media)
+    elif fmt == "hf":
+        if "texts" in record:
+            document = _cauldron(record, media)
+        elif isinstance(record.get("messages", record.get("conversations")), list):
+            document = _messages(record, media)
+        else:
+            raise RecordError(
+                "malformed_record", "a row needs 'texts' or 'messages' beside 'images'"
+            )
+    else:
+        raise ValueError(f"format={fmt!r}; choose one of {', '.join(FORMATS)} or auto")
+    if not document["messages"]:
+        raise RecordError("malformed_record", "no turns")
+    if media.images:
+        document["images"] = media.images
+    if media.videos:
+        document["videos"] = media.videos
+    for key in ("loss_weight",):
+        if key in record:
+            document[key] = record[key]
+    return Converted(document=document, parts=media.parts, id=record.get("id"))
+
+
+def data_uri(source: str) -> bytes | None:
+    """The bytes of a ``data:...;base64,`` URI, else None."""
+    if not source.startswith("data:"):
+        return None
+    head, _, payload = source.partition(",")
+    if ";base64" not in head:
+        raise RecordError("unreadable_image", "a data: URI that is not base64")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except ValueError as e:
+        raise RecordError("unreadable_image", f"a data: URI that does not decode ({e})") from None
+
+
+def sniff_suffix(data: bytes) -> str | None:
+    """The image format of ``data`` as a part suffix (``.jpg``), None if it is no image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = (image.format or "").lower()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return None
+    return {"jpeg": ".jpg", "tiff": ".tif"}.get(fmt, f".{fmt}" if fmt else ".bin")
+
+
+def suffix_of(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    return suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""

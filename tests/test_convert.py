@@ -1,0 +1,274 @@
+"""``energon-packing convert``: users' corpora in, packs out, every record packed or reported.
+
+Corpora are written as users' tools write them (:mod:`energon_packing.testing.corpora`: a LLaVA
+JSON list + image folder, ShareGPT JSONL, OpenAI-style messages JSONL, a the_cauldron-style
+dataset through ``datasets``' own ``save_to_disk`` and ``to_parquet``), with broken records
+planted; the converted folder is read by the real Energon loader through PackingTaskEncoder.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import loader_batches
+
+from energon_packing import PackingTaskEncoder
+from energon_packing.testing import corpora
+from energon_packing.tools import convert as convert_module
+from energon_packing.tools.cli import main
+from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, convert, read_records
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _packed_keys(out: Path, split: str = "train") -> list[str]:
+    """Every conversation key the real loader puts in a pack (split ``split``)."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192)
+    if split == "train":
+        batches = loader_batches(out, te, buffer=32)
+    else:
+        batches = get_loader(
+            get_val_dataset(
+                out,
+                split_part="val",
+                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+                batch_size=1,
+                packing_buffer_size=32,
+                task_encoder=te,
+            )
+        )
+    keys, skipped = [], []
+    for batch in batches:
+        keys += [k for pack in batch["source_ids"] for k in pack]
+        skipped += batch.get("packing_skipped", [])
+    assert not skipped, skipped
+    return keys
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    """A LLaVA corpus with four broken records planted (indices 30-33)."""
+    folder = tmp_path_factory.mktemp("llava")
+    source = corpora.llava_json(folder, 30)
+    records = json.loads(source.read_text())
+    (folder / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    turns = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]
+    records += [
+        {"id": "gone", "image": "coco/missing.jpg", "conversations": turns},
+        {"id": "bad", "image": "broken.jpg", "conversations": turns},
+        {"id": "shape", "conversations": "not a list"},
+        {"id": "role", "conversations": [{"from": "robot", "value": "hi"}]},
+    ]
+    source.write_text(json.dumps(records))
+    return folder, source, records
+
+
+def test_llava_records_are_packed_or_reported_exactly_once(llava, tmp_path):
+    folder, source, records = llava
+    out = tmp_path / "out"
+    result = convert(source=source, out=out, media_root=folder / "images", val_fraction=0.25)
+    report = _lines(out / REPORT_FILE)
+    assert [(r["file"], r["index"], r["reason"]) for r in report] == [
+        ("llava.json", 30, "missing_image"),
+        ("llava.json", 31, "unreadable_image"),
+        ("llava.json", 32, "malformed_record"),
+        ("llava.json", 33, "malformed_record"),
+    ]
+    mapping = _lines(out / MAP_FILE)
+    assert [m["index"] for m in mapping] == list(range(30))
+    assert [m["id"] for m in mapping] == [r["id"] for r in records[:30]]
+    assert all("." not in m["key"] for m in mapping)
+    assert len({m["key"] for m in mapping}) == 30 == result.converted
+    train, val = _packed_keys(out), _packed_keys(out, "val")
+    assert sorted(train + val) == sorted(m["key"] for m in mapping)  # exactly once, nothing lost
+    assert not set(train) & set(val) and result.val == len(val) > 0
+
+
+def test_a_converted_document_carries_the_record_as_it_was(llava, tmp_path):
+    folder, source, records = llava
+    out = tmp_path / "out"
+    convert(source=source, out=out, media_root=folder / "images", prepare=False)
+    with tarfile.open(out / "shards" / "train-00000.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    record = records[1]  # an image record: "<image>\n" leads its first human turn
+    document = json.loads(members["r000000001.json"])
+    first = record["conversations"][0]["value"].removeprefix("<image>")
+    assert document["images"] == ["img0" + Path(record["image"]).suffix]
+    assert document["messages"][0] == {
+        "role": "user",
+        "content": [
+            {"type": "image", "image": document["images"][0]},
+            {"type": "text", "text": first},
+        ],
+    }
+    roles = [m["role"] for m in document["messages"]]
+    assert roles == ["user", "assistant"] * (len(record["conversations"]) // 2)
+    texts = [m["content"] for m in document["messages"][1:]]
+    assert texts == [t["value"] for t in record["conversations"][1:]]
+    image = members[f"r000000001.{document['images'][0]}"]
+    assert image == (folder / "images" / record["image"]).read_bytes()  # copied, not re-encoded
+    assert "system" not in roles  # nothing invented
+
+
+@pytest.mark.parametrize("fmt", ["sharegpt", "messages", "hf-disk", "hf-parquet"])
+def test_every_format_round_trips_and_auto_writes_what_explicit_writes(fmt, tmp_path):
+    if fmt == "sharegpt":
+        source, explicit = corpora.sharegpt_jsonl(tmp_path / "src", 24), "sharegpt"
+    elif fmt == "messages":
+        source, explicit = corpora.messages_jsonl(tmp_path / "src", 24), "messages"
+    else:
+        pytest.importorskip("datasets")
+        disk, parquet = corpora.cauldron_dataset(tmp_path / "src", 18)
+        source, explicit = (disk if fmt == "hf-disk" else parquet), "hf"
+    auto = convert(source=source, out=tmp_path / "auto", prepare=False)
+    named = convert(source=source, out=tmp_path / "named", format=explicit)
+    assert auto.converted == named.converted > 0 and not named.reported
+    for a, b in zip(auto.shards, named.shards, strict=True):
+        assert a.read_bytes() == b.read_bytes()  # same input, same bytes
+    keys = _packed_keys(tmp_path / "named")
+    assert sorted(keys) == sorted(m["key"] for m in _lines(tmp_path / "named" / MAP_FILE))
+
+
+def test_the_cauldron_puts_every_image_in_the_first_user_turn(tmp_path):
+    pytest.importorskip("datasets")
+    disk, parquet = corpora.cauldron_dataset(tmp_path, 6)
+    for source in (disk, parquet):
+        rows = [record for _, _, record in read_records(source)]
+        out = tmp_path / f"out-{source.name}"
+        convert(source=source, out=out, prepare=False)
+        with tarfile.open(out / "shards" / "train-00000.tar") as tar:
+            documents = [
+                json.loads(tar.extractfile(m).read()) for m in tar if m.name.endswith(".json")
+            ]
+        for row, document in zip(rows, documents, strict=True):
+            first = document["messages"][0]
+            images = [p for p in first["content"] if isinstance(p, dict) and p["type"] == "image"]
+            assert len(images) == len(row["images"]) == len(document.get("images", []))
+            later = document["messages"][1:]
+            assert not any(isinstance(m["content"], list) for m in later)
+            assert [m["role"] for m in document["messages"]] == ["user", "assistant"] * len(
+                row["texts"]
+            )
+
+
+def test_jsonl_broken_lines_are_reported_with_their_line_index(tmp_path):
+    source = corpora.messages_jsonl(tmp_path, 4)
+    lines = source.read_text().splitlines()
+    lines.insert(2, '{"messages": [')  # broken
+    lines.insert(4, "")  # blank: not a record, still counted as a line
+    source.write_text("\n".join(lines) + "\n")
+    result = convert(source=source, out=tmp_path / "out", prepare=False)
+    report = _lines(tmp_path / "out" / REPORT_FILE)
+    assert [(r["index"], r["reason"]) for r in report] == [(2, "malformed_record")]
+    assert [m["index"] for m in _lines(tmp_path / "out" / MAP_FILE)] == [0, 1, 3, 5]
+    assert result.converted == 4
+
+
+def test_a_json_list_streams_across_chunk_boundaries(tmp_path, monkeypatch):
+    tricky = [
+        {"id": i, "conversations": [{"from": "human", "value": 'a ] , [ " é 😀' * i}]}
+        for i in range(40)
+    ]
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps(tricky, ensure_ascii=False, indent=2))
+    monkeypatch.setattr(convert_module, "_CHUNK", 7)
+    assert [r for _, _, r in read_records(path)] == tricky
+    path.write_text(json.dumps(tricky)[:-30])  # cut: the rest is one broken record
+    got = list(read_records(path))
+    assert got[-1][2] is convert_module._BROKEN and len(got) < 41
+
+
+def test_cli_counts_strict_and_refuses_a_non_empty_out(llava, tmp_path):
+    folder, source, _ = llava
+    runner = CliRunner()
+    args = ["convert", str(source), str(tmp_path / "out"), "--media-root", str(folder / "images")]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "converted 30 records" in result.output and "reported 4" in result.output
+    again = runner.invoke(main, args)
+    assert again.exit_code == 2
+    assert (
+        again.output.strip()
+        .splitlines()[-1]
+        .endswith("exists and is not empty: convert writes a new dataset folder")
+    )
+    strict = runner.invoke(main, [*args[:2], str(tmp_path / "strict"), *args[3:], "--strict"])
+    assert strict.exit_code == 1
+
+
+# ---- the shapes users write, read by the loader as they are --------------------------------------
+
+
+def _encoded(document, images):
+    from helpers import conversation_sample
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192)
+    return te.encode_sample(conversation_sample("k", document, images))
+
+
+def _jpeg(seed: int = 0) -> bytes:
+    import random
+
+    from energon_packing.testing.synth import draw, encode_image, random_scene
+
+    return encode_image(draw(random_scene(random.Random(seed))), "jpg")
+
+
+def test_shapes_users_write_are_read_as_the_explicit_form():
+    """Image parts named only in the content, one image part for one <image>, LLaVA's
+    from/value with its 'image' field: each encodes exactly as the explicit document."""
+    image, other = _jpeg(0), _jpeg(1)
+    hf_parts = [{"type": "image", "image": "b.png"}, {"type": "image", "image": "a.jpg"}]
+    explicit = {
+        "messages": [
+            {"role": "user", "content": [*hf_parts, {"type": "text", "text": "Compare."}]},
+            {"role": "assistant", "content": "The first is brighter."},
+        ],
+    }
+    parts = {"a.jpg": image, "b.png": other}
+    implied = _encoded(explicit, parts)
+    listed = _encoded({**explicit, "images": ["b.png", "a.jpg"]}, parts)
+    assert implied.input_ids.tolist() == listed.input_ids.tolist()
+    assert implied.images == listed.images == [other, image]
+
+    single = {
+        "messages": [
+            {"role": "user", "content": "<image>\nWhat?"},
+            {"role": "assistant", "content": "A cat."},
+        ]
+    }
+    one = _encoded(single, {"jpg": image})
+    assert (
+        one.input_ids.tolist()
+        == _encoded({**single, "images": ["jpg"]}, {"jpg": image}).input_ids.tolist()
+    )
+
+    llava = {
+        "image": "000000033471.jpg",
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat?"},
+            {"from": "gpt", "value": "A cat."},
+        ],
+    }
+    assert _encoded(llava, {"jpg": image}).input_ids.tolist() == one.input_ids.tolist()
+
+
+def test_what_cannot_be_read_names_convert():
+    from helpers import conversation_sample
+
+    sample = conversation_sample("k", {"conversations": [{"from": "robot", "value": "hi"}]})
+    assert sample.problem.startswith("malformed_message: conversations[0]: 'from' is 'robot'")
+    assert "energon-packing convert" in sample.problem
+    sample = conversation_sample("k", {"dialogue": []})
+    assert (
+        sample.problem.startswith("missing_messages")
+        and "energon-packing convert" in sample.problem
+    )
