@@ -45,6 +45,7 @@ __all__ = [
     "PackingKnobs",
     "SampleKnobs",
     "VisionConfig",
+    "check_knobs_path",
     "knob",
     "knob_table",
 ]
@@ -543,14 +544,7 @@ class PackingConfig:
     def check_path(self, path: str) -> None:
         """Raises ``ValueError`` for a knob set (not None / its default) that does not apply
         to ``path`` (:data:`BUILTIN` or :data:`PROCESSOR`), naming what to use instead."""
-        _choice("path", path, PATHS)
-        for knob in KNOBS:
-            value = getattr(self, knob.name)
-            if path not in knob.paths and value is not None and value != knob.default:
-                where = "tokenizer=" if path == BUILTIN else "processor="
-                raise ValueError(
-                    f"{knob.name}={value!r} does not apply with {where}: {knob.instead}"
-                )
+        check_knobs_path({k.name: getattr(self, k.name) for k in KNOBS}, path)
 
     def settings(self) -> dict[str, Any]:
         """The pack-deciding knobs a checkpoint must be restored with, as their effective
@@ -578,6 +572,17 @@ del _k
 def knob(name: str) -> Knob:
     """The declaration of knob ``name``."""
     return _BY_NAME[name]
+
+
+def check_knobs_path(knobs: Mapping[str, Any], path: str) -> None:
+    """:meth:`PackingConfig.check_path` on flat knobs before they are validated, so a knob
+    that does not apply to ``path`` is named first (not a conflict it has with another)."""
+    _choice("path", path, PATHS)
+    for knob in KNOBS:
+        value = knobs.get(knob.name)
+        if path not in knob.paths and value is not None and value != knob.default:
+            where = "tokenizer=" if path == BUILTIN else "processor="
+            raise ValueError(f"{knob.name}={value!r} does not apply with {where}: {knob.instead}")
 
 
 def knob_table() -> str:

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 #: Files that make a directory a processor (anything else with a tokenizer: a text model).
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+#: What a text model's tokenizer is saved as (any one of them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 VIDEO_FILES = ("video_preprocessor_config.json",)
 
 _IMAGE_ONLY: dict[type, type] = {}
@@ -110,6 +112,12 @@ def load_processor(path: str | Path) -> Any:
     if not path.is_dir():
         raise ValueError(f"processor path {str(path)!r} is not a directory (nothing is downloaded)")
     if not any((path / name).is_file() for name in (*PROCESSOR_FILES, *VIDEO_FILES)):
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(
+                f"{path} is no Hugging Face model directory: it holds no processor config "
+                f"({', '.join(PROCESSOR_FILES)}) and no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                f"pass the folder save_pretrained wrote (or the hub snapshot folder)"
+            )
         try:  # a text model: its tokenizer (and the chat template it carries)
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as e:

@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tarfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from importlib.metadata import version
 from typing import Any, Protocol
 
 from megatron.energon import TaskEncoder
+from megatron.energon.errors import FatalSampleError
 from megatron.energon.flavors.base_dataset import (
     SavableDataset,
     add_sample_restore_key,
@@ -39,6 +41,7 @@ from megatron.energon.flavors.base_dataset import (
 from megatron.energon.flavors.webdataset.itar_reader import ITarReader
 from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
 from megatron.energon.state import FlexState
+from megatron.energon.task_encoder import loader as _dataset_loader
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import PackingDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset, get_sample_restore_key
@@ -83,6 +86,7 @@ _INTERNALS: tuple[tuple[type, str, str], ...] = (
     (ITarReader, "_get_itar_sample_pointer", "corrupt-shard keys"),
     (BaseWrapperDataset, "datasets", "the packing guard"),
     (BaseWrapperDataset, "restore_state", "the packing guard's restore check"),
+    (_dataset_loader, "load_dataset", "naming the fix for an unprepared dataset folder"),
 )
 
 
@@ -377,10 +381,18 @@ class PackingGuard(BaseWrapperDataset):
         losses = self.losses if self._reports_losses() else None
         if losses is not None:
             losses.owed = not self._losses_reported
-        for batch in self.dataset:
-            if losses is not None:
-                self._losses_reported = not losses.owed
-            yield batch
+        try:
+            for batch in self.dataset:
+                if losses is not None:
+                    self._losses_reported = not losses.owed
+                yield batch
+        except FatalSampleError as error:
+            ours = _our_error(error)
+            if ours is None:
+                raise
+            # Energon re-wraps a fatal error of ours with a dump of the sample: the user reads
+            # our one line (what failed, the numbers, the knob) instead
+            raise ours.with_traceback(None) from None
         if losses is not None and losses.owed:  # no batch of this worker carried them
             losses.flush()
             self._losses_reported = True
@@ -391,6 +403,60 @@ class PackingGuard(BaseWrapperDataset):
 
     def config(self) -> dict[str, Any]:
         return {"type": type(self).__qualname__, "dataset": self.dataset.config(), **self.settings}
+
+
+# Energon's loaders always ask for pin_memory; on a machine without an accelerator torch warns
+# about it once per loader, which every user of a CPU box reads first. Only that message.
+warnings.filterwarnings(
+    "ignore", message=".*'pin_memory' argument is set as true but no accelerator is found.*"
+)
+
+
+class DatasetNotPreparedError(ValueError):
+    """``get_*_dataset`` on a folder that ``energon prepare`` never saw (Energon's own error
+    says only "Invalid dataset")."""
+
+
+def name_unprepared_datasets() -> None:
+    """Wraps the ``load_dataset`` Energon's ``get_train_dataset`` / ``get_val_dataset`` call so
+    an unprepared folder is a :class:`DatasetNotPreparedError` naming the fix (a subclass of the
+    ``ValueError`` Energon raises). Idempotent; everything else passes through unchanged."""
+    original = _dataset_loader.load_dataset
+    if getattr(original, "__energon_packing__", False):
+        return
+
+    def load_dataset(path: Any, **kwargs: Any) -> Any:
+        try:
+            return original(path, **kwargs)
+        except ValueError as error:
+            if not str(error).startswith("Invalid dataset at") or isinstance(path, dict):
+                raise
+            from pathlib import Path
+
+            folder = Path(str(path))
+            above = next((p for p in folder.resolve().parents if (p / ".nv-meta").is_dir()), None)
+            if above is not None:
+                fix = f"it is a folder inside the prepared dataset {above}: pass {above}"
+            elif folder.is_dir() and any(folder.rglob("*.tar")):
+                fix = f"run `energon-packing prepare {folder}` (it writes .nv-meta/)"
+            else:
+                fix = "pass a folder `energon-packing prepare` made, or a metadataset .yaml"
+            raise DatasetNotPreparedError(
+                f"{folder} is not a prepared Energon dataset (no .nv-meta/): {fix}"
+            ) from None
+
+    load_dataset.__energon_packing__ = True
+    _dataset_loader.load_dataset = load_dataset
+
+
+def _our_error(error: BaseException) -> BaseException | None:
+    """The error of this package that ``error`` (Energon's wrapper) was raised while handling."""
+    seen = error.__context__
+    while seen is not None:
+        if type(seen).__module__.startswith("energon_packing."):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 @contextlib.contextmanager

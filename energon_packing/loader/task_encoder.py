@@ -29,7 +29,7 @@ import numpy as np
 from megatron.energon import Cooker, TaskEncoder, WorkerConfig, stateless
 from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the one Energon catches
 
-from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig
+from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig, check_knobs_path
 from energon_packing.encoding import make_chat
 from energon_packing.encoding.chat import OverlongError, Skip
 from energon_packing.encoding.images import ImageError
@@ -40,6 +40,7 @@ from energon_packing.loader.energon import (
     check_energon,
     guard_field_maps,
     make_tolerant,
+    name_unprepared_datasets,
     postencoder,
     without_postencode,
 )
@@ -133,6 +134,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     def __init__(self, *, tokenizer: Any = None, processor: Any = None, **knobs: Any):
         check_energon()
+        name_unprepared_datasets()
+        check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
         self.config.check_path(BUILTIN if processor is None else PROCESSOR)
         self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
@@ -519,8 +522,8 @@ def check_packing_buffer(packing_buffer_size: int | None, *, unpacked: bool) -> 
             "would hand over single conversations and nothing would be packed. Pass "
             "packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to "
             "get_train_dataset / get_val_dataset (NeMo-RL #4108: "
-            "data.energon.task_encoder.packing.buffer_size), or unpacked=True for ordinary "
-            "padded batches"
+            "data.energon.task_encoder.packing.buffer_size), or "
+            "PackingTaskEncoder(unpacked=True) for ordinary padded batches"
         )
     if packing_buffer_size is not None and unpacked:
         raise ValueError(

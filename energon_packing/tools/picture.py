@@ -16,7 +16,7 @@ import numpy as np
 
 from energon_packing.schema import IMAGE_GRID_THW, pack_from_batch
 
-__all__ = ["Layout", "Segment", "describe", "draw", "pack_segments"]
+__all__ = ["Layout", "Segment", "describe", "draw", "fill", "pack_segments"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,12 +74,17 @@ def pack_segments(batch: dict, row: int, *, image_pad_id: int | None) -> Layout:
     return Layout(capacity=ids.shape[0], segments=segments)
 
 
+def fill(pack: Layout) -> str:
+    """How full a pack is, as the text and the picture both print it (``98.7 %``)."""
+    return f"{100 * pack.real_tokens / pack.capacity:.1f} %"
+
+
 def describe(layouts: Sequence[Layout]) -> str:
     lines = []
     for n, pack in enumerate(layouts):
         lines.append(
             f"pack {n}  {pack.capacity} tokens, {len(pack.segments)} conversations, "
-            f"{100 * pack.real_tokens / pack.capacity:.1f} % real"
+            f"{fill(pack)} real"
         )
         for s in pack.segments:
             grids = ", ".join("x".join(map(str, g)) for g in s.grids)
@@ -148,7 +153,7 @@ def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Pat
         ax.text(
             pack.capacity * 1.005,
             y,
-            f"{100 * pack.real_tokens / pack.capacity:.0f}%",
+            fill(pack),  # as the text says it
             va="center",
             fontsize=8,
         )
@@ -157,7 +162,7 @@ def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Pat
         [f"pack {len(layouts) - 1 - i}" for i in range(len(layouts))],
         fontsize=8,
     )
-    ax.set_xlim(0, layouts[0].capacity * 1.05 if layouts else 1)
+    ax.set_xlim(0, layouts[0].capacity * 1.07 if layouts else 1)
     ax.set_xlabel("token position in the pack")
     ax.legend(
         handles=[

@@ -28,6 +28,7 @@ __all__ = [
     "Measured",
     "PathCost",
     "Row",
+    "capacity_hint",
     "format_nothing_packed",
     "format_paths",
     "format_scan",
@@ -222,8 +223,8 @@ def recommend(rows: Sequence[Row]) -> str:
     pick_row = next((r for r in ours if r.overhead <= 0.005), ours[-1])
     text = (
         f"recommended: algorithm={DEFAULT_ALGORITHM!r}, carry=True, packing_buffer_size="
-        f"{pick_row.buffer}: {100 * pick_row.overhead:+.2f}% over the lower bound, "
-        f"{100 * pick_row.efficiency:.1f}% efficient"
+        f"{pick_row.buffer}: {pick_row.packs:,} packs (lower bound {pick_row.bound:,}), "
+        f"{100 * pick_row.overhead:+.2f}% over it, {100 * pick_row.efficiency:.1f}% efficient"
     )
     same = [r for r in peer if r.buffer == pick_row.buffer]
     if same:
@@ -331,6 +332,26 @@ def format_nothing_packed(
             f"--capacity {capacity:,}: pass --capacity {shortest:,} or more"
         )
     return "\n".join(lines)
+
+
+def capacity_hint(
+    costs: Sequence[int], *, capacity: int, pad_multiple: int, total: int
+) -> str | None:
+    """When over 1 % of ``total`` conversations cost more than ``capacity``: how many, and the
+    C that keeps all of them (and the one that keeps 99 %)."""
+    over = sorted(c for c in costs if c > capacity)
+    if not over or len(over) <= 0.01 * total:
+        return None
+    everything = sorted(costs)
+    keep_all = round_up(everything[-1], pad_multiple)
+    keep_99 = round_up(everything[max(0, -(-99 * len(everything) // 100) - 1)], pad_multiple)
+    text = (
+        f"{len(over):,} of {total:,} conversations ({100 * len(over) / total:.1f}%) are longer "
+        f"than C={capacity:,} and are skipped as overlong: --capacity {keep_all} keeps all of them"
+    )
+    if capacity < keep_99 < keep_all:
+        text += f" ({keep_99} keeps 99%)"
+    return text + " (or --overlong truncate)"
 
 
 def shortest_cost(path: Path | str, encoder_for: Any, *, pad_multiple: int) -> int | None:

@@ -1,0 +1,145 @@
+"""Every wrong use a new user made (issue 24) ends in one line that names the fix."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from helpers import REPO, SAMPLE_DATA, loader_batches
+
+from energon_packing import PackingTaskEncoder
+from energon_packing.tools.cli import main
+
+
+def _last_line(result) -> str:
+    return result.output.strip().splitlines()[-1]
+
+
+def test_an_unknown_algorithm_is_a_usage_error():
+    result = CliRunner().invoke(main, ["stats", str(SAMPLE_DATA), "--algorithm", "ffd"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert _last_line(result).startswith(
+        "Error: Invalid value for '--algorithm': 'ffd' is not one of 'subset_fill'"
+    )
+
+
+def test_a_folder_inside_a_prepared_dataset_names_the_dataset():
+    result = CliRunner().invoke(main, ["stats", str(SAMPLE_DATA / "shards")])
+    assert result.exit_code == 2
+    assert _last_line(result).endswith(
+        f"is a folder inside the prepared dataset {SAMPLE_DATA.resolve()}: pass "
+        f"{SAMPLE_DATA.resolve()}"
+    )
+
+
+def test_a_processor_folder_that_is_no_model(tmp_path):
+    (tmp_path / "README.md").write_text("not a model")
+    result = CliRunner().invoke(main, ["stats", str(SAMPLE_DATA), "--processor", str(tmp_path)])
+    assert result.exit_code != 0 and "sentencepiece" not in result.output
+    assert f"{tmp_path} is no Hugging Face model directory" in _last_line(result)
+
+
+def test_a_builtin_knob_with_a_processor_is_named_before_any_conflict():
+    pytest.importorskip("transformers")
+    from energon_packing.testing.families import build
+
+    processor = build("qwen2_vl", model=False)[0]
+    with pytest.raises(ValueError, match=r"^max_pixels=1000 does not apply with processor="):
+        PackingTaskEncoder(max_input_seq_length=2048, processor=processor, max_pixels=1000)
+
+
+def test_an_unprepared_folder_from_python(tmp_path):
+    from megatron.energon import WorkerConfig, get_train_dataset
+
+    from energon_packing.loader.energon import DatasetNotPreparedError
+
+    shutil.copytree(SAMPLE_DATA / "shards", tmp_path / "shards")
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048)
+    with pytest.raises(DatasetNotPreparedError) as info:
+        get_train_dataset(
+            tmp_path,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            batch_size=1,
+            packing_buffer_size=16,
+            task_encoder=te,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )
+    assert str(info.value) == (
+        f"{tmp_path} is not a prepared Energon dataset (no .nv-meta/): run "
+        f"`energon-packing prepare {tmp_path}` (it writes .nv-meta/)"
+    )
+    assert info.value.__suppress_context__  # Energon's "Invalid dataset" is not what one reads
+
+
+def test_a_capacity_nothing_fits_stops_with_our_line_not_a_sample_dump():
+    from energon_packing.loader.task_encoder import PackingError
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=16, max_skips_without_pack=50)
+    with pytest.raises(PackingError) as info:
+        list(loader_batches(SAMPLE_DATA, te, buffer=16))
+    message = str(info.value)
+    assert message.startswith("this loader worker skipped 50 samples and packed none")
+    assert "raise max_input_seq_length to at least" in message and "\n" not in message
+    assert info.value.__suppress_context__ and "ConversationSample(" not in message
+
+
+def test_stats_prints_the_pack_count_and_the_capacity_that_keeps_the_over_long():
+    result = CliRunner().invoke(
+        main,
+        [
+            "stats",
+            str(SAMPLE_DATA),
+            "--capacity",
+            "512",
+            "--buffer",
+            "64",
+            "--algorithm",
+            "subset_fill",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    hint = next(line for line in lines if "are longer than C=512" in line)
+    assert hint.startswith("60 of 400 conversations (15.0%) are longer than C=512")
+    assert "--capacity 3040 keeps all of them" in hint  # the longest costs 3,040 at pad 8
+    recommended = next(line for line in lines if line.startswith("recommended:"))
+    assert " packs (lower bound " in recommended
+
+
+def test_preview_reports_its_skips_and_its_picture_says_what_its_text_says(tmp_path):
+    picture = tmp_path / "p.png"
+    result = CliRunner().invoke(
+        main,
+        ["preview", str(SAMPLE_DATA), "--capacity", "1024", "--picture", str(picture)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "while packing these, skipped: overlong: 2 (e.g. sample000013)" in result.output
+    from energon_packing.tools.picture import Layout, Segment, fill
+
+    pack = Layout(
+        capacity=1000, segments=[Segment(key="a", start=0, real_end=995, padded_end=1000)]
+    )
+    assert fill(pack) == "99.5 %"  # one rounding for both (the picture used to say 100%)
+
+
+def test_no_pin_memory_warning_on_a_cpu_machine():
+    snippet = (
+        "from helpers import SAMPLE_DATA, loader_batches\n"
+        "from energon_packing import PackingTaskEncoder\n"
+        "te = PackingTaskEncoder(tokenizer='bundled', max_input_seq_length=2048)\n"
+        "next(iter(loader_batches(SAMPLE_DATA, te, buffer=8)))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=REPO / "tests",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "tests"), "TQDM_DISABLE": "1"},
+    )
+    assert run.returncode == 0, run.stderr
+    assert "pin_memory" not in run.stderr
