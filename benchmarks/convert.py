@@ -1,14 +1,16 @@
 """``energon-packing convert`` against plain ``tar`` of the same files, and its memory.
 
-A generated LLaVA corpus (JSON list + an image folder; every record but each third has one
-image, ~6-40 KB) at two sizes. Printed side by side, in one run:
+A generated LLaVA corpus (JSON list + an image folder; every record but each third has an image
+file of its own, a photo-like JPEG of ~50 KB) at two sizes; tar archives the same JSON and image
+files, so both move the same bytes. Printed side by side, in one run:
 
-* records/s and MB/s of ``convert`` (shards only, no prepare) and of ``tar cf`` over the same
-  JSON file and images (target: convert >= 0.5x tar's MB/s);
+* records/s and MB/s of ``convert`` (shards only, no prepare; MB/s of the shards it writes,
+  every record with its image) and of ``tar cf`` over the same JSON file and image folder (MB/s
+  of the archive; target: convert >= 0.5x tar's MB/s);
 * peak RSS of the converting process at both sizes (target: flat, the stream never holds the
   dataset).
 
-Usage: ``python benchmarks/convert.py [--sizes 10000 100000] [--images 2000]``. Each size runs
+Usage: ``python benchmarks/convert.py [--sizes 10000 100000]`` (100k: ~4 GB of disk). Each size runs
 in a fresh process (peak RSS is per process).
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,39 +33,65 @@ def child(folder: Path, out: Path) -> None:
         source=folder / "llava.json", out=out, media_root=folder / "images", prepare=False
     )
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the
+    # parent's peak (the corpus generator's) instead of this process's
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
     written = sum(p.stat().st_size for p in result.shards)
     print(json.dumps(dict(records=result.converted, seconds=seconds, rss_mib=peak, bytes=written)))
 
 
-def corpus(folder: Path, n: int, images: int) -> list[Path]:
-    """The corpus, and the files a plain tar of it would hold (JSON + each image once)."""
+def photos(count: int) -> list[bytes]:
+    """Photo-like JPEGs (noise, quality 90, 40-60 KB): their entropy is a camera's."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        pixels = rng.integers(0, 256, size=(180, 240, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def corpus(folder: Path, n: int) -> list[Path]:
+    """A LLaVA corpus where every image record has an image file of its own (a JPEG with a
+    unique tail after its end marker, as a dataset's distinct photos are distinct files), and
+    the files a plain tar of it holds."""
     from energon_packing.testing.corpora import llava_json
 
-    source = llava_json(folder, n, images=images)
-    files = [source]
-    for record in json.loads(source.read_text()):
+    source = llava_json(folder, n, images=1)
+    records = json.loads(source.read_text())
+    bases = photos(8)
+    images = folder / "images" / "u"
+    images.mkdir(parents=True)
+    for i, record in enumerate(records):
         if "image" in record:
-            files.append(folder / "images" / record["image"])
-    return files
+            record["image"] = f"u/{i:07d}.jpg"
+            (images / f"{i:07d}.jpg").write_bytes(bases[i % 8] + i.to_bytes(8, "little"))
+    source.write_text(json.dumps(records))
+    return [source]
 
 
 def tar_rate(folder: Path, files: list[Path], records: int) -> tuple[float, float]:
-    """(records/s, MB/s) of ``tar cf`` over ``files`` (repeats included, as convert copies
-    each record's image)."""
-    listing = folder / "files.txt"
-    listing.write_text("\n".join(str(p.relative_to(folder)) for p in files))
+    """(records/s, MB/s) of ``tar cf`` over the corpus's files (the JSON and the image folder,
+    each file once); MB/s counts the archive's bytes, as convert's counts its shards'."""
     target = folder / "plain.tar"
     start = time.perf_counter()
-    subprocess.run(["tar", "cf", str(target), "-C", str(folder), "-T", str(listing)], check=True)
+    subprocess.run(
+        ["tar", "cf", str(target), "-C", str(folder), "llava.json", "images"], check=True
+    )
     seconds = time.perf_counter() - start
-    return records / seconds, sum(p.stat().st_size for p in files) / seconds / 1e6
+    return records / seconds, target.stat().st_size / seconds / 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -75,7 +102,7 @@ def main() -> None:
     for n in args.sizes:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            files = corpus(folder, n, args.images)
+            files = corpus(folder, n)
             tar_records, tar_mb = tar_rate(folder, files, n)
             out = subprocess.run(
                 [sys.executable, __file__, "--child", str(folder), str(folder / "out")],
@@ -85,7 +112,7 @@ def main() -> None:
             ).stdout
             result = json.loads(out.strip().splitlines()[-1])
             rate = result["records"] / result["seconds"]
-            mb = sum(p.stat().st_size for p in files) / result["seconds"] / 1e6
+            mb = result["bytes"] / result["seconds"] / 1e6
             print(
                 f"{n:>9,} {rate:>14,.0f} {mb:>13.1f} {tar_records:>10,.0f} {tar_mb:>9.1f} "
                 f"{mb / tar_mb:>6.2f} {result['rss_mib']:>13.0f}"

@@ -23,9 +23,9 @@ samples stream out, one shard open at a time.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
+import os
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -183,14 +183,27 @@ def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
         yield name, index, record
 
 
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    """A part whose bytes stay in a file until the shard is written (copied by the kernel)."""
+
+    path: Path
+    size: int
+
+
+#: Bytes read from an image file to recognise it (the signatures :func:`sniff_suffix` checks).
+_HEAD = 16
+
+
 class _MediaLoader:
     """Loads a record's media: a path (relative to ``root``), a ``data:`` URI, raw bytes or a
-    Hugging Face image entry ``{"bytes", "path"}``; bytes as they are, checked to be images."""
+    Hugging Face image entry ``{"bytes", "path"}``, checked to be images. A file is not read
+    when its first bytes show a common image format: it is copied into the shard as it is."""
 
     def __init__(self, root: Path):
         self.root = root
 
-    def __call__(self, source: Any, kind: str) -> tuple[bytes, str]:
+    def __call__(self, source: Any, kind: str) -> tuple[bytes | FilePart, str]:
         path = None
         if isinstance(source, dict):  # a datasets Image / Video entry
             data, path = source.get("bytes"), source.get("path")
@@ -204,54 +217,96 @@ class _MediaLoader:
         else:
             raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
         if data is None:
-            file = Path(path) if Path(path).is_absolute() else self.root / path
-            try:
-                data = file.read_bytes()
-            except FileNotFoundError:
-                raise RecordError(
-                    "missing_image", f"{kind} file {path!r} not found under {self.root}"
-                ) from None
-            except OSError as e:
-                raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
+            return self._file(path, kind)
         if kind == "video":
             return data, suffix_of(path or "") or ".mp4"
         suffix = sniff_suffix(data)
         if suffix is None:
+            raise RecordError("unreadable_image", f"{path or 'the image bytes'} is not an image")
+        return data, suffix
+
+    def _file(self, path: str, kind: str) -> tuple[bytes | FilePart, str]:
+        file = Path(path) if Path(path).is_absolute() else self.root / path
+        try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(_HEAD)
+                if kind == "video":
+                    return FilePart(file, size), suffix_of(path) or ".mp4"
+                suffix = sniff_suffix(head, whole=False)
+                if suffix is not None:
+                    return FilePart(file, size), suffix
+                data = head + f.read()  # another format: Pillow decides from the whole file
+        except FileNotFoundError:
             raise RecordError(
-                "unreadable_image", f"{path or 'the image bytes'} is not an image Pillow reads"
-            )
+                "missing_image", f"{kind} file {path!r} not found under {self.root}"
+            ) from None
+        except OSError as e:
+            raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
+        suffix = sniff_suffix(data)
+        if suffix is None:
+            raise RecordError("unreadable_image", f"{path} is not an image Pillow reads")
         return data, suffix
 
 
+_BLOCK = 512
+_RECORD = 20 * _BLOCK  # tar's record: an archive's length is a multiple of it
+
+
 class _Shards:
-    """Tar shards of one split, cut at ``max_count`` samples or ``max_bytes``; deterministic
-    headers (mtime 0, root owner) so the same input gives the same bytes."""
+    """Tar shards of one split, cut at ``max_count`` samples or ``max_bytes``, written as
+    ``tarfile`` writes USTAR (headers from ``TarInfo.tobuf``: mtime 0, root owner, so the same
+    input gives the same bytes); file parts are copied by the kernel (``os.sendfile``)."""
 
     def __init__(self, folder: Path, prefix: str, *, max_count: int, max_bytes: int):
         self.folder, self.prefix = folder, prefix
         self.max_count, self.max_bytes = max_count, max_bytes
-        self.tar: tarfile.TarFile | None = None
+        self.out: Any = None
         self.paths: list[Path] = []
-        self.count = self.bytes = 0
+        self.count = self.bytes = self.offset = 0
 
-    def add(self, key: str, parts: dict[str, bytes]) -> None:
-        if self.tar is None or self.count >= self.max_count or self.bytes >= self.max_bytes:
+    def add(self, key: str, parts: dict[str, bytes | FilePart]) -> None:
+        if self.out is None or self.count >= self.max_count or self.bytes >= self.max_bytes:
             self.close()
             path = self.folder / f"{self.prefix}-{len(self.paths):05d}.tar"
             self.paths.append(path)
-            self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 (closed in close)
-            self.count = self.bytes = 0
+            self.out = open(path, "wb")  # noqa: SIM115 (closed in close)
+            self.count = self.bytes = self.offset = 0
         for part, data in parts.items():
             info = tarfile.TarInfo(f"{key}.{part}")
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            self.tar.addfile(info, io.BytesIO(data))
-            self.bytes += len(data) + 512
+            info.size = data.size if isinstance(data, FilePart) else len(data)
+            info.mtime, info.mode = 0, 0o644
+            self._write(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))
+            if isinstance(data, FilePart):
+                self._copy(data)
+            else:
+                self._write(data)
+            self._write(bytes(-info.size % _BLOCK))
+            self.bytes += info.size + _BLOCK
         self.count += 1
 
+    def _write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.offset += len(data)
+
+    def _copy(self, part: FilePart) -> None:
+        self.out.flush()
+        with open(part.path, "rb") as source:
+            left, position = part.size, 0
+            while left > 0:
+                sent = os.sendfile(self.out.fileno(), source.fileno(), position, left)
+                if sent == 0:  # the file shrank since it was measured
+                    raise OSError(f"{part.path} is shorter than {part.size} bytes")
+                left, position = left - sent, position + sent
+        self.out.seek(0, os.SEEK_END)
+        self.offset += part.size
+
     def close(self) -> None:
-        if self.tar is not None:
-            self.tar.close()
-            self.tar = None
+        if self.out is not None:
+            end = self.offset + 2 * _BLOCK  # two zero blocks end the archive
+            self._write(bytes(2 * _BLOCK + (-end % _RECORD)))
+            self.out.close()
+            self.out = None
 
 
 def _is_val(index: int, fraction: float) -> bool:

@@ -291,8 +291,21 @@ def data_uri(source: str) -> bytes | None:
         raise RecordError("unreadable_image", f"a data: URI that does not decode ({e})") from None
 
 
-def sniff_suffix(data: bytes) -> str | None:
-    """The image format of ``data`` as a part suffix (``.jpg``), None if it is no image."""
+#: The magic bytes of the formats most datasets hold: no Pillow open for them.
+_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF8", ".gif"))
+
+
+def sniff_suffix(data: bytes, *, whole: bool = True) -> str | None:
+    """The image format of ``data`` as a part suffix (``.jpg``), None if it is no image.
+    JPEG, PNG, GIF and WebP by their signature; with ``whole`` (``data`` is the whole file),
+    every other format Pillow opens, by Pillow."""
+    for magic, suffix in _MAGIC:
+        if data.startswith(magic):
+            return suffix
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    if not whole:
+        return None
     from PIL import Image, UnidentifiedImageError
 
     try:
