@@ -21,6 +21,7 @@ __all__ = [
     "PackingStats",
     "SkipWarning",
     "metrics_list",
+    "reason_table",
 ]
 
 logger = logging.getLogger("energon_packing")
@@ -43,7 +44,7 @@ REASONS = {
     "too_large": "the .json part is larger than 16 MiB (not decoded)",
     "non_utf8": "the .json part is not UTF-8",
     "malformed_json": "not JSON, not an object, nested past the recursion limit, or numbers no float holds",
-    "missing_messages": "no 'messages' list",
+    "missing_messages": "no 'messages' list (nor LLaVA 'conversations'; `energon-packing convert` reads other shapes)",
     "bad_loss_weight": "loss_weight (times the subflavor's) not finite, > 1000, or below float32's smallest normal (1.2e-38; subnormals are 0 in bf16)",
     # the conversation
     "empty_conversation": "'messages' is empty",
@@ -74,6 +75,14 @@ REASONS = {
     "source_error": "a conversation's images or tokens failed at pack time (it alone is dropped)",
     "pack_error": "laying out a pack failed (its members are reported)",
 }
+
+
+def reason_table() -> str:
+    """The skip reasons as docs/shards.md lists them (a test compares the two)."""
+    rows = ["| reason | the sample |", "|---|---|"]
+    rows += [f"| `{reason}` | {text} |" for reason, text in REASONS.items()]
+    return "\n".join(rows)
+
 
 #: Keys remembered per skip reason (the counts are exact, the key lists are samples).
 KEYS_PER_REASON = 32

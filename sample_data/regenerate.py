@@ -4,7 +4,8 @@
 
 400 conversations (0-3 images each) from :mod:`energon_packing.testing.synth`, 4 shards of 100, then
 ``energon prepare`` (train: all shards; val and test: the last shard, so the default
-``energon lint`` finds all three splits) and our dataset yamls.
+``energon lint`` finds all three splits) and our dataset yamls. Beside them, ``llava/``: a small
+LLaVA-style corpus (``llava.json`` + ``images/``) for the README's ``energon-packing convert``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from energon_packing.loader.prepare import prepare_dataset
+from energon_packing.testing.corpora import llava_json
 from energon_packing.testing.synth import conversations, write_shards
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +34,9 @@ def main() -> None:
             "test:shards/shard-00003.tar",
         ],
     )
-    print(f"wrote {COUNT} conversations to {HERE}")
+    shutil.rmtree(HERE / "llava", ignore_errors=True)
+    llava_json(HERE / "llava", 60, seed=SEED, images=6)
+    print(f"wrote {COUNT} conversations to {HERE}, a LLaVA corpus to {HERE / 'llava'}")
 
 
 if __name__ == "__main__":

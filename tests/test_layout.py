@@ -230,7 +230,7 @@ def test_one_layout_function_and_one_buffer_loop():
 
 def test_every_skip_reason_is_registered_and_documented():
     """The skip report's vocabulary is closed: every reason the code can emit is in
-    ``stats.REASONS``, and the README's table lists every one."""
+    ``stats.REASONS``, and docs/shards.md's table is ``stats.reason_table()``, generated."""
     from energon_packing.stats import REASONS
 
     emitted = {}
@@ -248,22 +248,23 @@ def test_every_skip_reason_is_registered_and_documented():
                 emitted.setdefault(arg.value, str(path.relative_to(PACKAGE)))
     assert set(emitted) <= set(REASONS), {r: p for r, p in emitted.items() if r not in REASONS}
     assert len(emitted) >= 25  # the scan finds them (a scan that finds nothing proves nothing)
-    readme = (PACKAGE.parent / "README.md").read_text()
-    missing = [reason for reason in REASONS if f"| `{reason}` |" not in readme]
-    assert not missing, f"README's reason table lacks {missing}"
+    from energon_packing.stats import reason_table
+
+    page = (PACKAGE.parent / "docs" / "shards.md").read_text()
+    assert reason_table() in page, "docs/shards.md's reason table differs from reason_table()"
 
 
 def test_every_knob_is_in_the_readme_table():
     from energon_packing.config import KNOBS
 
-    readme = (PACKAGE.parent / "README.md").read_text()
-    missing = [k.name for k in KNOBS if f"| `{k.name}` |" not in readme]
-    assert not missing, f"README's configuration table lacks {missing}"
+    page = (PACKAGE.parent / "docs" / "configuration.md").read_text()
+    missing = [k.name for k in KNOBS if f"| `{k.name}` |" not in page]
+    assert not missing, f"docs/configuration.md's table lacks {missing}"
 
 
 def public_surface() -> dict[str, list[str]]:
-    """The README's "Public surface" table: module -> the names it lists."""
-    readme = (PACKAGE.parent / "README.md").read_text()
+    """docs/contract.md's "Public surface" table: module -> the names it lists."""
+    readme = (PACKAGE.parent / "docs" / "contract.md").read_text()
     section = readme.split("\n## Public surface\n", 1)[1].split("\n## ", 1)[0]
     table = {}
     for line in section.splitlines():
@@ -283,7 +284,9 @@ def test_the_public_surface_is_listed_once_and_exported_both_ways():
     for name, listed in table.items():
         module = importlib.import_module(name)
         exported = list(energon_packing._LAZY) if name == "energon_packing" else module.__all__
-        assert sorted(listed) == sorted(exported), f"README's row for {name} != its exports"
+        assert sorted(listed) == sorted(exported), (
+            f"docs/contract.md's row for {name} != its exports"
+        )
         missing = [n for n in listed if not hasattr(module, n)]
         assert not missing, f"{name} does not define {missing}"
     names = {n for listed in table.values() for n in listed}

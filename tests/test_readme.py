@@ -1,6 +1,7 @@
-"""The README's code runs as written.
+"""The README's code, and every docs/ page's, runs as written.
 
-Every ```python block of README.md runs on the bundled sample data from the repository root,
+Every ```python block of README.md and of docs/*.md runs on the bundled sample data from the
+repository root,
 each in a fresh namespace of this process (a name the block does not define is a ``NameError``;
 torch, Energon and Megatron-Core are imported once for the whole suite), under a time limit, with
 tracebacks that name README lines. Every ``energon-packing`` / ``energon`` command and flag the
@@ -18,8 +19,9 @@ Markers are HTML comments on the line(s) right before a block's fence:
 * ``<!-- readme-test: slow -->``: the block runs under ``-m slow`` only.
 * ``<!-- readme-test: run -->`` (bash blocks): the block runs under ``bash -e -o pipefail`` from
   the repository root with the word ``PATH`` standing for a folder that holds a copy of the
-  sample shards (nothing prepared) and the venv's ``bin`` off ``$PATH``. Slow: each line starts
-  a CLI. Unmarked bash blocks are checked for commands and flags only.
+  sample shards (nothing prepared), ``OUT`` for a folder that does not exist yet, and the
+  venv's ``bin`` off ``$PATH``. Slow: each line starts a CLI. Unmarked bash blocks are checked
+  for commands and flags only.
 
 ``.venv/bin/python tests/test_readme.py`` runs every unmarked python block once, timed.
 """
@@ -43,6 +45,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+#: every page whose blocks run: the README and the docs it links to
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 SAMPLE_DATA = ROOT / "sample_data"
 
 MARKERS = ("needs-model", "needs-module", "slow", "run")
@@ -61,6 +65,7 @@ class Block:
     lang: str
     line: int
     source: str  # dedented by the fence's indentation
+    path: Path = README
     markers: dict[str, str] = field(default_factory=dict)  # marker -> its argument ("" if none)
     problems: list[str] = field(default_factory=list)
 
@@ -69,13 +74,20 @@ class Block:
         return next((s.strip() for s in self.source.splitlines() if s.strip()), "(empty)")
 
     @property
+    def page(self) -> str:
+        return (
+            str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else str(self.path)
+        )
+
+    @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang} block `{self.first_line}`)"
+        return f"{self.page}:{self.line} ({self.lang} block `{self.first_line}`)"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of the README, with the readme-test markers right above it."""
-    lines = (README.read_text(encoding="utf-8") if text is None else text).splitlines()
+def readme_blocks(text: str | None = None, path: Path = README) -> list[Block]:
+    """Every fenced block of a page (the README by default), with the readme-test markers
+    right above it."""
+    lines = (path.read_text(encoding="utf-8") if text is None else text).splitlines()
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
@@ -86,7 +98,9 @@ def readme_blocks(text: str | None = None) -> list[Block]:
         indent = opening["indent"]
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), len(lines))
         body = [line.removeprefix(indent) for line in lines[i + 1 : end]]
-        block = Block(lang=opening["lang"] or "text", line=i + 1, source="\n".join(body) + "\n")
+        block = Block(
+            lang=opening["lang"] or "text", line=i + 1, source="\n".join(body) + "\n", path=path
+        )
         if end == len(lines):
             block.problems.append("its fence is never closed")
         above = i - 1
@@ -101,8 +115,13 @@ def readme_blocks(text: str | None = None) -> list[Block]:
     return blocks
 
 
+def all_blocks() -> list[Block]:
+    """The blocks of every page."""
+    return [block for page in PAGES for block in readme_blocks(path=page)]
+
+
 def python_blocks() -> list[Block]:
-    return [b for b in readme_blocks() if b.lang in ("python", "py")]
+    return [b for b in all_blocks() if b.lang in ("python", "py")]
 
 
 # --- running a block: a fresh namespace, README line numbers, a time limit ---------------------
@@ -139,8 +158,8 @@ def run_block(block: Block, *, source: str | None = None, timeout: float) -> str
     """Executes the block in a fresh namespace (``__name__ == "__main__"``), from the current
     directory; returns the traceback, whose line numbers are README.md's, or None."""
     # blank lines up to the first code line, so tracebacks name README.md's own lines
-    code = compile("\n" * block.line + (source or block.source), str(README), "exec")
-    namespace = {"__name__": "__main__", "__file__": str(README)}
+    code = compile("\n" * block.line + (source or block.source), str(block.path), "exec")
+    namespace = {"__name__": "__main__", "__file__": str(block.path)}
     had_group = _process_group()
     previous = signal.signal(signal.SIGALRM, _timeout)
     signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -179,11 +198,11 @@ def _param(block: Block):
     marks = [pytest.mark.slow] if "slow" in block.markers else []
     if "megatron.energon" in block.source:
         marks.append(pytest.mark.energon)
-    return pytest.param(block, id=f"line{block.line}", marks=marks)
+    return pytest.param(block, id=f"{block.path.stem}-line{block.line}", marks=marks)
 
 
 def test_the_readme_blocks_are_found_and_marked_correctly():
-    blocks = readme_blocks()
+    blocks = all_blocks()
     problems = [f"{b.where}: {p}" for b in blocks for p in b.problems]
     for b in blocks:
         if "needs-model" in b.markers:
@@ -197,7 +216,18 @@ def test_the_readme_blocks_are_found_and_marked_correctly():
             problems.append(f"{b.where}: 'run' marks bash blocks (python blocks always run)")
     assert not problems, "\n".join(problems)
     # the sections this test exists for: a python block per section, at least
-    assert len([b for b in blocks if b.lang == "python"]) >= 6
+    assert len([b for b in blocks if b.lang == "python"]) >= 10
+    assert {b.path.name for b in blocks if b.lang == "python"} >= {"README.md", "trainers.md"}
+
+
+def test_the_readme_is_a_users_path_and_links_every_page():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", text))
+    assert linked == {p.name for p in PAGES[1:]}, "a docs page the README does not link"
+    for page in PAGES:  # relative links between pages point at files that exist
+        for target in re.findall(r"\]\(([\w./-]+\.(?:md|png))(?:#[\w-]+)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name}: link to missing {target}"
 
 
 def _families() -> tuple[str, ...]:
@@ -256,23 +286,27 @@ def test_a_block_that_never_ends_fails():
 # --- commands named in the README ------------------------------------------------------------
 
 
-def _command_texts() -> list[tuple[int, str]]:
-    """(line, text) of every inline code span outside blocks and every line of a shell block."""
-    blocks = readme_blocks()
-    inside = {n for b in blocks for n in range(b.line, b.line + b.source.count("\n") + 2)}
-    texts = [
-        (b.line + 1 + k, line)
-        for b in blocks
-        if b.lang in ("bash", "sh", "shell", "console")
-        for k, line in enumerate(b.source.splitlines())
-    ]
-    for number, line in enumerate(README.read_text(encoding="utf-8").splitlines(), start=1):
-        if number not in inside:
-            texts += [(number, span) for span in re.findall(r"`([^`]+)`", line)]
+def _command_texts() -> list[tuple[str, str]]:
+    """(page:line, text) of every inline code span outside blocks and every line of a shell
+    block, on every page."""
+    texts = []
+    for page in PAGES:
+        blocks = readme_blocks(path=page)
+        name = str(page.relative_to(ROOT))
+        inside = {n for b in blocks for n in range(b.line, b.line + b.source.count("\n") + 2)}
+        texts += [
+            (f"{name}:{b.line + 1 + k}", line)
+            for b in blocks
+            if b.lang in ("bash", "sh", "shell", "console")
+            for k, line in enumerate(b.source.splitlines())
+        ]
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            if number not in inside:
+                texts += [(f"{name}:{number}", span) for span in re.findall(r"`([^`]+)`", line)]
     return texts
 
 
-def _invocations() -> list[tuple[int, str, str, list[str]]]:
+def _invocations() -> list[tuple[str, str, str, list[str]]]:
     """(line, tool, subcommand, flags) of every ``energon-packing`` / ``energon`` call."""
     found = []
     for number, text in _command_texts():
@@ -305,31 +339,31 @@ def test_every_command_and_flag_the_readme_names_exists():
             continue  # `energon-packing --help`, or prose
         command = groups[tool].commands.get(sub)
         if command is None:
-            problems.append(f"README.md:{number}: `{tool} {sub}`: no such command")
+            problems.append(f"{number}: `{tool} {sub}`: no such command")
             continue
         known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
         problems += [
-            f"README.md:{number}: `{tool} {sub} {flag}`: no such option (has {sorted(known)})"
+            f"{number}: `{tool} {sub} {flag}`: no such option (has {sorted(known)})"
             for flag in flags
             if flag not in known | {"--help"}
         ]
     assert not problems, "\n".join(problems)
     subs = {(tool, sub) for _, tool, sub, _ in invocations}
-    for name in ("demo", "stats", "preview", "bench", "prepare"):  # the tool table's rows
+    for name in ("demo", "stats", "preview", "bench", "prepare", "convert", "check"):
         assert ("energon-packing", name) in subs
 
 
 def test_shell_blocks_call_the_venvs_tools_by_path():
     """Bare ``energon`` works only in an activated venv; the README writes ``.venv/bin/``."""
     problems = []
-    for block in readme_blocks():
+    for block in all_blocks():
         if block.lang not in ("bash", "sh", "shell"):
             continue
         for k, line in enumerate(block.source.splitlines(), start=block.line + 1):
             words = shlex.split(line, comments=True)
             bare = [w for w in words if w in TOOLS]
             if bare:
-                problems.append(f"README.md:{k}: `{bare[0]}` bare; write .venv/bin/{bare[0]}")
+                problems.append(f"{block.page}:{k}: `{bare[0]}` bare; write .venv/bin/{bare[0]}")
     assert not problems, "\n".join(problems)
 
 
@@ -337,8 +371,8 @@ def test_shell_blocks_call_the_venvs_tools_by_path():
 @pytest.mark.parametrize(
     "block",
     [
-        pytest.param(b, id=f"line{b.line}")
-        for b in readme_blocks()
+        pytest.param(b, id=f"{b.path.stem}-line{b.line}")
+        for b in all_blocks()
         if b.lang in ("bash", "sh") and "run" in b.markers
     ],
 )
@@ -348,6 +382,7 @@ def test_marked_shell_block_runs(block, tmp_path):
     for shard in sorted((SAMPLE_DATA / "shards").glob("*.tar")):
         shutil.copy(shard, data / "shards")
     script = re.sub(r"(?<![$\w])PATH(?!\w)", str(data), block.source)
+    script = re.sub(r"(?<![$\w])OUT(?!\w)", str(tmp_path / "out"), script)
     try:
         done = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", script],
