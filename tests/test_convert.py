@@ -272,3 +272,31 @@ def test_what_cannot_be_read_names_convert():
         sample.problem.startswith("missing_messages")
         and "energon-packing convert" in sample.problem
     )
+
+
+def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):
+    """A source folder with a train and a val file; LLaVA-Video records keep their clip as a
+    part (packing video is not there yet: the loader reports them, nothing vanishes)."""
+    source = tmp_path / "src"
+    corpora.sharegpt_jsonl(source, 6)
+    clip = b"\x00\x00\x00\x18ftypmp42" + bytes(64)
+    (source / "clips").mkdir()
+    (source / "clips" / "c0.mp4").write_bytes(clip)
+    video = {
+        "id": "v0",
+        "video": "clips/c0.mp4",
+        "conversations": [
+            {"from": "human", "value": "<video>\nWhat happens?"},
+            {"from": "gpt", "value": "A ball rolls."},
+        ],
+    }
+    (source / "val.jsonl").write_text(json.dumps(video) + "\n")
+    with pytest.raises(ValueError, match=r"val_files \['nope.jsonl'\] name no source file"):
+        convert(source=source, out=tmp_path / "bad", val_files=("nope.jsonl",))
+    result = convert(source=source, out=tmp_path / "out", val_files=("val.jsonl",), prepare=False)
+    assert (result.train, result.val) == (6, 1)
+    with tarfile.open(tmp_path / "out" / "shards" / "val-00000.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    document = json.loads(members["r000000006.json"])
+    assert document["videos"] == ["vid0.mp4"] and members["r000000006.vid0.mp4"] == clip
+    assert document["messages"][0]["content"][0] == {"type": "video", "video": "vid0.mp4"}

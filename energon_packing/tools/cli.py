@@ -623,10 +623,23 @@ def check(path: Path, limit: int) -> None:
     show_default=True,
     help="Records (evenly spread) that go to a val split, disjoint from train.",
 )
+@click.option(
+    "--val-file",
+    "val_files",
+    multiple=True,
+    help="A source file (by name) whose records all go to val; repeatable.",
+)
 @click.option("--samples-per-shard", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")
 def convert_command(
-    source: Path, out: Path, fmt: str, media_root, val_fraction, samples_per_shard, strict
+    source: Path,
+    out: Path,
+    fmt: str,
+    media_root,
+    val_fraction,
+    val_files,
+    samples_per_shard,
+    strict,
 ) -> None:
     """Convert LLaVA / ShareGPT JSON, JSONL of messages or a Hugging Face dataset into prepared
     Energon shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
@@ -641,6 +654,7 @@ def convert_command(
             format=fmt,
             media_root=media_root,
             val_fraction=val_fraction,
+            val_files=tuple(val_files),
             samples_per_shard=samples_per_shard,
             progress=True,
         )

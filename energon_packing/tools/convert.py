@@ -147,6 +147,15 @@ def _arrow_rows(paths: list[Path]) -> Iterator[tuple[int, Any]]:
                 index += 1
 
 
+def _files(source: Path) -> list[tuple[Path, str, str]]:
+    """(path, kind, name) of every record file ``read_records`` reads under ``source``."""
+    if source.is_file():
+        return [(source, source.suffix, source.name)]
+    return [
+        (p, p.suffix, p.name) for p in sorted(source.rglob("*")) if p.suffix in (".json", ".jsonl")
+    ]
+
+
 def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
     """``(file, index, record)`` of every record under ``source`` (a broken one: a sentinel the
     converter reports as ``malformed_record``)."""
@@ -164,10 +173,10 @@ def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
                 f"{source} is a DatasetDict: convert one split folder, e.g. "
                 f"{source / (splits[0] if splits else 'train')}"
             )
-        files = sorted(p for p in source.rglob("*") if p.suffix in (".json", ".jsonl"))
+        files = _files(source)
         if not files:
             raise ValueError(f"{source} holds no .json, .jsonl, .arrow or .parquet records")
-        for path in files:
+        for path, _, _ in files:
             yield from read_records(path)
         return
     name = source.name
@@ -320,6 +329,7 @@ def convert(
     format: str = "auto",
     media_root: Path | str | None = None,
     val_fraction: float = 0.0,
+    val_files: tuple[str, ...] = (),
     samples_per_shard: int = 1000,
     shard_bytes: int = 1 << 30,
     prepare: bool = True,
@@ -333,6 +343,8 @@ def convert(
         format: ``auto`` or one of ``llava``, ``sharegpt``, ``hf``, ``messages``.
         media_root: Where relative media paths point (default: the source's folder).
         val_fraction: Records (evenly spread, deterministic) that go to a ``val`` split.
+        val_files: Source files (names, as the report and the map write them) whose records
+            all go to ``val`` (a source folder holding train and val files).
         samples_per_shard, shard_bytes: Where a shard is cut.
         prepare: Run ``energon-packing prepare`` on the result.
         progress: A tqdm bar over the records.
@@ -344,6 +356,12 @@ def convert(
         raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
+    names = {name for _, _, name in _files(source)} if val_files else set()
+    missing = sorted(set(val_files) - names)
+    if missing:
+        raise ValueError(
+            f"val_files {missing} name no source file under {source} (it holds {sorted(names)})"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty: convert writes a new dataset folder")
     root = (
@@ -383,7 +401,8 @@ def convert(
                 report.write(json.dumps(line, ensure_ascii=False) + "\n")
                 continue
             document = json.dumps(converted.document, ensure_ascii=False).encode("utf-8")
-            split = "val" if _is_val(position - 1, val_fraction) else "train"
+            is_val = file in val_files or _is_val(position - 1, val_fraction)
+            split = "val" if is_val else "train"
             splits[split].add(key, {"json": document, **converted.parts})
             setattr(result, split, getattr(result, split) + 1)
             result.converted += 1
