@@ -16,7 +16,8 @@ processes, and computes the weighted token loss itself, in the logits' dtype::
 (``to_hf``'s keyword arguments plus ``"loss_weights"`` and ``"source_ids"``, which
 :meth:`PackedLossMixin.compute_loss` takes out before the forward). The ``Trainer`` does not
 re-shard it: each process's Energon loader already reads its own part of the data. Use the
-mixin with any ``Trainer`` subclass: ``class MyTrainer(PackedLossMixin, SFTTrainer)``.
+mixin with a ``Trainer`` subclass that takes its batches from ``get_train_dataloader`` (TRL's
+``SFTTrainer`` does not: it accepts only ``datasets`` datasets and tokenizes them itself).
 """
 
 from __future__ import annotations
