@@ -271,8 +271,11 @@ def test_metadataset_example_applies_subflavor_loss_weight():
             trained = mask[cu[k] : cu[k + 1]]
             weight = float(trained[trained > 0].max()) if (trained > 0).any() else None
             weights.add(weight)
+            dataset, _, name = key.partition("/")  # a blend: ids name their entry
+            assert dataset in ("sample_data", "sample_data#2")
             if weight == 0.5:
-                assert int(key.removeprefix("sample")) >= 300, "only the val shard is down-weighted"
+                assert dataset == "sample_data#2", "only the second entry is down-weighted"
+                assert int(name.removeprefix("sample")) >= 300, "the val shard"
     assert {0.5, 1.0} <= weights
 
 

@@ -412,6 +412,32 @@ warnings.filterwarnings(
 )
 
 
+#: The subflavor that names a sample's dataset when the loader blends several (a metadataset):
+#: its source ids and skips read ``<dataset>/<key>``.
+SOURCE_DATASET = "energon_packing_dataset"
+
+
+def tag_datasets(datasets: Any) -> dict[str, str]:
+    """Names each dataset of a blend (its folder's name; ``#2``, ``#3``... for the next entries
+    with the same name, in the metadataset's order) and sets the name as the
+    :data:`SOURCE_DATASET` subflavor every sample of it carries. Returns path -> first name.
+    One dataset: nothing is named (source ids stay bare keys)."""
+    entries = list(datasets or ())
+    if len(entries) < 2:
+        return {}
+    seen: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for entry in entries:
+        factory = entry.dataset
+        path = str(getattr(factory, "path", ""))
+        base = path.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}#{seen[base]}"
+        factory.subflavors = {**(factory.subflavors or {}), SOURCE_DATASET: name}
+        first.setdefault(path, name)
+    return first
+
+
 class DatasetNotPreparedError(ValueError):
     """``get_*_dataset`` on a folder that ``energon prepare`` never saw (Energon's own error
     says only "Invalid dataset")."""

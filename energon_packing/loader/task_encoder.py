@@ -35,6 +35,7 @@ from energon_packing.encoding.chat import OverlongError, Skip
 from energon_packing.encoding.images import ImageError
 from energon_packing.errors import describe, quote
 from energon_packing.loader.energon import (
+    SOURCE_DATASET,
     CarryPackingDataset,
     PackingGuard,
     check_energon,
@@ -42,6 +43,7 @@ from energon_packing.loader.energon import (
     make_tolerant,
     name_unprepared_datasets,
     postencoder,
+    tag_datasets,
     without_postencode,
 )
 from energon_packing.loader.samples import (
@@ -98,12 +100,17 @@ class _Losses:
                 self.stats_of.stats.skip(key, reason, detail)
 
 
-def _dataset_losses(datasets: Any) -> list[tuple[str, str, str]]:
-    """Every loss listed in the prepared datasets' ``.nv-meta/`` (each path once)."""
+def _dataset_losses(datasets: Any, names: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Every loss listed in the prepared datasets' ``.nv-meta/`` (each path once), its key
+    named ``<dataset>/<key>`` in a blend (``names``: path -> dataset name)."""
     from energon_packing.loader.shards import load_losses  # only when a dataset is built
 
     paths = {str(p): None for d in datasets or () if (p := getattr(d.dataset, "path", None))}
-    return [entry for path in paths for entry in load_losses(Path(path))]
+    return [
+        (f"{names[path]}/{key}" if path in names else key, reason, detail)
+        for path in paths
+        for key, reason, detail in load_losses(Path(path))
+    ]
 
 
 class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, PackedSample, dict]):
@@ -176,13 +183,14 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     @stateless
     def encode_sample(self, sample: ConversationSample) -> EncodedConversation:
-        key = sample.__key__
+        subflavors = sample.__subflavors__ or {}
+        dataset = subflavors.get(SOURCE_DATASET)  # in a blend: ids name their dataset
+        key = sample.__key__ if dataset is None else f"{dataset}/{sample.__key__}"
         self.stats.read += 1
         try:
             if sample.problem:
                 reason, _, detail = sample.problem.partition(": ")
                 raise Skip(reason, detail)
-            subflavors = sample.__subflavors__ or {}
             encoding = self.chat.encode(
                 key=key,
                 messages=sample.messages,
@@ -205,6 +213,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             self.stats.truncated_tokens += encoding.truncated
         return EncodedConversation.derive_from(
             sample,
+            __key__=key,
             input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
             token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
@@ -257,7 +266,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         """Energon's pipeline, with every shard reader made tolerant of corrupt bytes and the
         losses ``prepare --allow-losses`` listed owed to the skip report."""
         guard_field_maps(kwargs.get("datasets"))
-        self._pending_losses = _Losses(_dataset_losses(kwargs.get("datasets")), self)
+        names = tag_datasets(kwargs.get("datasets"))
+        self._pending_losses = _Losses(_dataset_losses(kwargs.get("datasets"), names), self)
         try:
             dataset = super().build_train_datasets(**kwargs)
         finally:
@@ -269,6 +279,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         """As :meth:`build_train_datasets`; the losses list covers the train split (only the
         train loader reports it)."""
         guard_field_maps(kwargs.get("datasets"))
+        tag_datasets(kwargs.get("datasets"))
         dataset = super().build_val_datasets(**kwargs)
         make_tolerant(dataset)
         return dataset
