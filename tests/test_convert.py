@@ -168,6 +168,7 @@ def test_jsonl_broken_lines_are_reported_with_their_line_index(tmp_path):
     result = convert(source=source, out=tmp_path / "out", prepare=False)
     report = _lines(tmp_path / "out" / REPORT_FILE)
     assert [(r["index"], r["reason"]) for r in report] == [(2, "malformed_record")]
+    assert report[0]["detail"].startswith("the line is not JSON")
     assert [m["index"] for m in _lines(tmp_path / "out" / MAP_FILE)] == [0, 1, 3, 5]
     assert result.converted == 4
 
@@ -183,7 +184,7 @@ def test_a_json_list_streams_across_chunk_boundaries(tmp_path, monkeypatch):
     assert [r for _, _, r in read_records(path)] == tricky
     path.write_text(json.dumps(tricky)[:-30])  # cut: the rest is one broken record
     got = list(read_records(path))
-    assert got[-1][2] is convert_module._BROKEN and len(got) < 41
+    assert isinstance(got[-1][2], convert_module.Broken) and len(got) < 41
 
 
 def test_cli_counts_strict_and_refuses_a_non_empty_out(llava, tmp_path):
@@ -300,3 +301,161 @@ def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):
     document = json.loads(members["r000000006.json"])
     assert document["videos"] == ["vid0.mp4"] and members["r000000006.vid0.mp4"] == clip
     assert document["messages"][0]["content"][0] == {"type": "video", "video": "vid0.mp4"}
+
+
+# ---- what real corpora hold (issue 24 review) --------------------------------------------------
+
+
+def _convert_records(tmp_path, records, name="data.jsonl", **kwargs):
+    source = tmp_path / "src"
+    source.mkdir(exist_ok=True)
+    (source / name).write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    out = tmp_path / "out"
+    result = convert(source=source / name, out=out, prepare=False, **kwargs)
+    documents = []
+    for shard in result.shards:
+        with tarfile.open(shard) as tar:
+            documents += [
+                json.loads(tar.extractfile(m).read()) for m in tar if m.name.endswith(".json")
+            ]
+    return result, documents, _lines(out / REPORT_FILE)
+
+
+def test_messages_records_keep_every_image_or_report_it(tmp_path):
+    image = _jpeg(3)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jpg").write_bytes(image)
+    records = [
+        {  # a string user turn with <image>, the assistant's turn as parts
+            "messages": [
+                {"role": "user", "content": "<image>\nWhat is it?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "A shape."}]},
+            ],
+            "images": ["a.jpg"],
+        },
+        {  # <image> inside a text part
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "See <image> here."}]},
+                {"role": "assistant", "content": "Yes."},
+            ],
+            "images": ["file://" + str(tmp_path / "src" / "a.jpg")],
+        },
+        {  # more listed images than references: reported, not dropped
+            "messages": [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]},
+                {"role": "assistant", "content": "One."},
+            ],
+            "images": ["a.jpg", "a.jpg"],
+        },
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+    ]
+    result, documents, report = _convert_records(tmp_path, records)
+    assert [(r["index"], r["reason"]) for r in report] == [(2, "malformed_record")]
+    assert "1 listed image(s) no message refers to" in report[0]["detail"]
+    assert result.converted == 3
+    first, second = documents[:2]
+    assert first["messages"][0]["content"][0] == {"type": "image", "image": "img0.jpg"}
+    assert second["messages"][0]["content"] == [
+        {"type": "text", "text": "See "},
+        {"type": "image", "image": "img0.jpg"},
+        {"type": "text", "text": " here."},
+    ]
+
+
+def test_hf_image_entries_inside_content_parts_keep_their_bytes(tmp_path):
+    pytest.importorskip("datasets")
+    import datasets
+
+    image = _jpeg(4)
+    rows = {
+        "messages": [
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "text": None}, {"type": "text", "text": "What?"}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": "A thing."}]},
+            ]
+        ],
+        "images": [[{"bytes": image, "path": None}]],
+    }
+    dataset = datasets.Dataset.from_dict(rows)
+    dataset = dataset.cast_column("images", datasets.Sequence(datasets.Image()))
+    dataset.save_to_disk(str(tmp_path / "ds"))
+    result = convert(source=tmp_path / "ds", out=tmp_path / "out", prepare=False)
+    assert result.converted == 1 and not result.reported
+    with tarfile.open(result.shards[0]) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar}
+    assert members["r000000000.img0.jpg"] == image
+
+
+def test_conversations_with_role_content_and_empty_image_fields(tmp_path):
+    records = [
+        {
+            "conversations": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"},
+            ]
+        },
+        {
+            "image": "",
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}],
+        },
+    ]
+    auto, documents, report = _convert_records(tmp_path, records)
+    assert auto.converted == 2 and not report
+    assert (
+        documents[0]
+        == documents[1]
+        == {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    )
+
+
+def test_byte_order_marks_same_names_in_two_folders_and_split_files(tmp_path):
+    source = tmp_path / "src"
+    for folder in ("a", "b"):
+        (source / folder).mkdir(parents=True)
+        record = {
+            "conversations": [{"from": "human", "value": folder}, {"from": "gpt", "value": "ok"}]
+        }
+        (source / folder / "data.jsonl").write_bytes(
+            b"\xef\xbb\xbf" + json.dumps(record).encode() + b"\n"
+        )
+    (source / "list.json").write_bytes(b"\xef\xbb\xbf" + json.dumps([record]).encode())
+    (source / "meta.json").write_text('{"name": "not a list"}')
+    result = convert(
+        source=source, out=tmp_path / "out", prepare=False, val_files=("b/data.jsonl",)
+    )
+    mapping = _lines(tmp_path / "out" / MAP_FILE)
+    assert [(m["file"], m["index"]) for m in mapping] == [
+        ("a/data.jsonl", 0),
+        ("b/data.jsonl", 0),
+        ("list.json", 0),
+    ]
+    assert (result.train, result.val) == (2, 1)
+    report = _lines(tmp_path / "out" / REPORT_FILE)
+    assert [(r["file"], r["index"], r["reason"]) for r in report] == [
+        ("meta.json", 0, "malformed_record")
+    ]
+
+    split = tmp_path / "hub"
+    (split / "data").mkdir(parents=True)
+    for name in ("train-00000-of-00001.jsonl", "test-00000-of-00001.jsonl"):
+        (split / "data" / name).write_text(json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match="files of several splits \\(test, train\\).*--val-file"):
+        convert(source=split, out=tmp_path / "hub-out")
+    assert not (tmp_path / "hub-out").exists()  # refused before anything was written
+
+
+def test_a_failed_run_leaves_no_folder_behind(tmp_path, monkeypatch):
+    source = corpora.messages_jsonl(tmp_path / "src", 4)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(convert_module._Shards, "add", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        convert(source=source, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    assert convert(source=source, out=tmp_path / "out").converted == 4  # the rerun is not refused

@@ -627,7 +627,7 @@ def check(path: Path, limit: int) -> None:
     "--val-file",
     "val_files",
     multiple=True,
-    help="A source file (by name) whose records all go to val; repeatable.",
+    help="A source file (its path relative to SOURCE) whose records all go to val; repeatable.",
 )
 @click.option("--samples-per-shard", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")

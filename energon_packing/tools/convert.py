@@ -16,8 +16,13 @@ Output (``OUT`` is created, refused if it exists and is not empty)::
     OUT/convert_map.jsonl              {"file", "index", "id", "key"} per converted record
     OUT/.nv-meta/...                   prepared (energon-packing prepare), train and val splits
 
-``index`` is 0-based: the position in a JSON list, the line of a JSONL file (broken lines
-counted), the row of a dataset. Memory stays flat in the dataset size: records stream in,
+``file`` is the record's file, as a path relative to a source folder (a ``save_to_disk`` folder
+is one file, named by the folder); ``index`` is 0-based within it: the position in a JSON list,
+the line of a JSONL file (broken and blank lines counted), the row of a dataset or parquet file.
+A JSON list that stops parsing is reported once, at the first record it cannot read, with the
+note that no later record of that file was read. A folder holding the hub's split files of
+several splits (``train-*``, ``test-*``) is refused unless ``--val-file`` names the held-out
+ones; nothing is written before every check passed, and a failed run removes what it wrote. Memory stays flat in the dataset size: records stream in,
 samples stream out, one shard open at a time.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,19 +73,27 @@ class ConvertResult:
         return sum(self.reported.values())
 
 
-_BROKEN = object()
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A record that could not be read (reported as ``malformed_record`` with ``detail``)."""
+
+    detail: str
+
+
+#: A record larger than this that still does not parse is broken, not cut by a chunk boundary.
+_MAX_RECORD = 64 << 20
 
 
 def _json_list(path: Path) -> Iterator[tuple[int, Any]]:
-    """The records of a file holding one JSON list, one at a time (never the whole list). If
-    the rest of the file stops parsing, that is one broken record at the index reached."""
+    """The records of a file holding one JSON list, one at a time (never the whole list). A
+    record that does not parse ends the read: it is reported with the indices not read."""
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="strict") as f:
         buffer, position, eof = "", 0, False
 
-        def more() -> None:
+        def more(size: int = _CHUNK) -> None:
             nonlocal buffer, position, eof
-            chunk = f.read(_CHUNK)
+            chunk = f.read(size)
             buffer, position, eof = buffer[position:] + chunk, 0, not chunk
 
         def skip(characters: str) -> bool:
@@ -94,39 +108,52 @@ def _json_list(path: Path) -> Iterator[tuple[int, Any]]:
                     return False
                 more()
 
-        if not skip(" \t\r\n") or buffer[position] != "[":
-            raise ValueError(f"{path}: a .json source holds one list of records")
-        position += 1
-        index = 0
-        while skip(" \t\r\n,"):
-            if buffer[position] == "]":
+        try:
+            if not skip(" \t\r\n") or buffer[position] != "[":
+                yield 0, Broken("the file does not hold a JSON list of records")
                 return
-            try:
-                record, end = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError:
-                if eof:
-                    yield index, _BROKEN
+            position += 1
+            index = 0
+            while skip(" \t\r\n,"):
+                if buffer[position] == "]":
                     return
-                more()
-                continue
-            yield index, record
-            index, position = index + 1, end
-        yield index, _BROKEN  # the list never closes
+                try:
+                    record, end = decoder.raw_decode(buffer, position)
+                except json.JSONDecodeError as error:
+                    if eof or len(buffer) - position > _MAX_RECORD:
+                        yield (
+                            index,
+                            Broken(
+                                f"not JSON ({error.msg}); the list does not parse from record "
+                                f"{index} on, so no later record of this file was read"
+                            ),
+                        )
+                        return
+                    more(max(_CHUNK, len(buffer) - position))  # doubles: linear in the record
+                    continue
+                yield index, record
+                index, position = index + 1, end
+            yield index, Broken("the list never closes (the file is cut)")
+        except UnicodeDecodeError as error:
+            yield 0, Broken(f"the file is not UTF-8 ({error.reason}); nothing of it was read")
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for index, line in enumerate(f):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for index, raw in enumerate(f):
+            if index == 0:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
+            if not raw.strip():
                 continue
             try:
-                yield index, json.loads(line)
-            except ValueError:
-                yield index, _BROKEN
+                yield index, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                yield index, Broken(f"the line is not UTF-8 ({error.reason})")
+            except ValueError as error:
+                yield index, Broken(f"the line is not JSON ({error})")
 
 
-def _arrow_rows(paths: list[Path]) -> Iterator[tuple[int, Any]]:
-    """Rows of Arrow IPC streams (``save_to_disk``) or Parquet files, a batch at a time."""
+def _pyarrow() -> Any:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -134,62 +161,99 @@ def _arrow_rows(paths: list[Path]) -> Iterator[tuple[int, Any]]:
         raise ImportError(
             "reading a Hugging Face dataset needs pyarrow: pip install 'energon_packing[datasets]'"
         ) from None
+    return pa, pq
+
+
+def _arrow_rows(paths: list[Path]) -> Iterator[tuple[int, Any]]:
+    """Rows of a ``save_to_disk`` folder's Arrow streams, numbered as the dataset's rows."""
+    pa, _ = _pyarrow()
     index = 0
     for path in paths:
-        if path.suffix == ".parquet":
-            batches = pq.ParquetFile(path).iter_batches(batch_size=256)
-        else:
-            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
-            batches = iter(reader)
-        for batch in batches:
+        for batch in pa.ipc.open_stream(pa.memory_map(str(path))):
             for row in batch.to_pylist():
                 yield index, row
                 index += 1
 
 
-def _files(source: Path) -> list[tuple[Path, str, str]]:
-    """(path, kind, name) of every record file ``read_records`` reads under ``source``."""
+def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    _, pq = _pyarrow()
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for row in batch.to_pylist():
+            yield index, row
+            index += 1
+
+
+#: File name prefixes of the Hugging Face hub's split files (``data/test-00000-of-00001.parquet``)
+_SPLIT_FILES = ("train", "test", "validation", "valid", "val", "dev")
+
+
+def _files(source: Path) -> list[tuple[Path, str]]:
+    """(path, name) of every record file under ``source``: JSON, JSONL and parquet files, each
+    named by its path relative to ``source`` (its own name for a file source)."""
     if source.is_file():
-        return [(source, source.suffix, source.name)]
-    return [
-        (p, p.suffix, p.name) for p in sorted(source.rglob("*")) if p.suffix in (".json", ".jsonl")
-    ]
+        return [(source, source.name)]
+    kinds = (".json", ".jsonl", ".parquet")
+    paths = sorted(p for p in source.rglob("*") if p.suffix in kinds and p.is_file())
+    return [(p, p.relative_to(source).as_posix()) for p in paths]
+
+
+def _split_of(name: str) -> str | None:
+    stem = name.rsplit("/", 1)[-1].split(".")[0]
+    return next((s for s in _SPLIT_FILES if stem == s or stem.startswith(f"{s}-")), None)
+
+
+def check_source(source: Path, val_files: tuple[str, ...] = ()) -> None:
+    """Refuses, before anything is written, a source convert would misread: a DatasetDict
+    folder, split files of several splits without ``val_files``, or ``val_files`` it lacks."""
+    if source.is_dir() and (source / "dataset_dict.json").exists():
+        splits = [p.name for p in sorted(source.iterdir()) if p.is_dir()]
+        raise ValueError(
+            f"{source} is a DatasetDict: convert one split folder, e.g. "
+            f"{source / (splits[0] if splits else 'train')}"
+        )
+    if source.is_dir() and sorted(source.glob("*.arrow")):
+        files = [(source, source.name)]
+    else:
+        files = _files(source)
+    if not files:
+        raise ValueError(f"{source} holds no .json, .jsonl, .arrow or .parquet records")
+    names = {name for _, name in files}
+    missing = sorted(set(val_files) - names)
+    if missing:
+        raise ValueError(
+            f"val_files {missing} name no source file under {source} (it holds {sorted(names)})"
+        )
+    splits = {_split_of(name) for name in names} - {None}
+    if len(splits) > 1 and not val_files:
+        raise ValueError(
+            f"{source} holds files of several splits ({', '.join(sorted(splits))}): name the "
+            f"held-out ones with --val-file (e.g. {sorted(n for n in names if _split_of(n) != 'train')[0]}), "
+            f"or convert one split's files"
+        )
 
 
 def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
-    """``(file, index, record)`` of every record under ``source`` (a broken one: a sentinel the
-    converter reports as ``malformed_record``)."""
+    """``(file, index, record)`` of every record under ``source`` (a record that could not be
+    read: a :class:`Broken`, reported as ``malformed_record``). ``file`` is the path relative
+    to a source folder; ``index`` counts from 0 in each file (a ``save_to_disk`` folder is one
+    file: its rows)."""
     source = Path(source)
-    if source.is_dir():
-        arrow = sorted(source.glob("*.arrow"))
-        parquet = sorted(source.rglob("*.parquet"))
-        if arrow or parquet:
-            for index, row in _arrow_rows(arrow or parquet):
-                yield source.name, index, row
-            return
-        if (source / "dataset_dict.json").exists():
-            splits = [p.name for p in sorted(source.iterdir()) if p.is_dir()]
-            raise ValueError(
-                f"{source} is a DatasetDict: convert one split folder, e.g. "
-                f"{source / (splits[0] if splits else 'train')}"
-            )
-        files = _files(source)
-        if not files:
-            raise ValueError(f"{source} holds no .json, .jsonl, .arrow or .parquet records")
-        for path, _, _ in files:
-            yield from read_records(path)
+    if source.is_dir() and sorted(source.glob("*.arrow")):
+        for index, row in _arrow_rows(sorted(source.glob("*.arrow"))):
+            yield source.name, index, row
         return
-    name = source.name
-    if source.suffix == ".parquet":
-        rows = _arrow_rows([source])
-    elif source.suffix == ".jsonl":
-        rows = _json_lines(source)
-    elif source.suffix == ".json":
-        rows = _json_list(source)
-    else:
+    if source.is_file() and source.suffix not in (".json", ".jsonl", ".parquet"):
         raise ValueError(f"{source}: not a .json, .jsonl or .parquet file, nor a dataset folder")
-    for index, record in rows:
-        yield name, index, record
+    for path, name in _files(source):
+        if path.suffix == ".parquet":
+            rows = _parquet_rows(path)
+        elif path.suffix == ".jsonl":
+            rows = _json_lines(path)
+        else:
+            rows = _json_list(path)
+        for index, record in rows:
+            yield name, index, record
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +286,7 @@ class _MediaLoader:
             data = bytes(source)
         elif isinstance(source, str):
             data = data_uri(source)
-            path = None if data is not None else source
+            path = None if data is not None else source.removeprefix("file://")
         else:
             raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
         if data is None:
@@ -350,18 +414,14 @@ def convert(
         progress: A tqdm bar over the records.
     """
     source, out = Path(source), Path(out)
+    val_files = tuple(val_files)
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"format={format!r}; choose auto or one of {', '.join(FORMATS)}")
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
-    names = {name for _, _, name in _files(source)} if val_files else set()
-    missing = sorted(set(val_files) - names)
-    if missing:
-        raise ValueError(
-            f"val_files {missing} name no source file under {source} (it holds {sorted(names)})"
-        )
+    check_source(source, val_files)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty: convert writes a new dataset folder")
     root = (
@@ -369,9 +429,27 @@ def convert(
         if media_root is not None
         else (source if source.is_dir() else source.parent)
     )
+    created = not out.exists()  # or empty: either way, all in it is this run's
+    try:
+        return _convert(
+            source, out, format, _MediaLoader(root), val_fraction, val_files,
+            samples_per_shard, shard_bytes, prepare, progress,
+        )  # fmt: skip
+    except BaseException:  # a failed run leaves no half-written folder for the next to refuse
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
+
+
+def _convert(
+    source, out, format, load, val_fraction, val_files, samples_per_shard, shard_bytes, prepare,
+    progress,
+) -> ConvertResult:  # fmt: skip
     shards_dir = out / "shards"
     shards_dir.mkdir(parents=True, exist_ok=True)
-    load = _MediaLoader(root)
     splits = {
         name: _Shards(shards_dir, name, max_count=samples_per_shard, max_bytes=shard_bytes)
         for name in ("train", "val")
@@ -391,8 +469,8 @@ def convert(
             key = f"r{position:09d}"
             position += 1
             try:
-                if record is _BROKEN:
-                    raise RecordError("malformed_record", "the record is not valid JSON")
+                if isinstance(record, Broken):
+                    raise RecordError("malformed_record", record.detail)
                 fmt = detect_format(record) if format == "auto" else format
                 converted = to_document(record, fmt, load)
             except RecordError as e:
@@ -411,6 +489,11 @@ def convert(
     for shards in splits.values():
         shards.close()
         result.shards += shards.paths
+    if result.converted and not result.train:
+        raise ValueError(
+            f"every converted record ({result.val:,}) went to val (val_files="
+            f"{list(val_files)}, val_fraction={val_fraction}): nothing is left to train on"
+        )
     if prepare and result.converted:
         from energon_packing.loader.prepare import prepare_dataset
 

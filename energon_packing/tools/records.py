@@ -158,73 +158,136 @@ def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Med
     return messages
 
 
-def _from_value(record: dict) -> list[tuple[str, str]]:
+def _from_value(record: dict, key: str = "conversations") -> list[tuple[str, str]]:
+    """``from``/``value`` turns (LLaVA, ShareGPT; ``role``/``content`` strings are read too)."""
     turns = []
-    for i, turn in enumerate(_listed(record.get("conversations"), "conversations")):
-        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+    for i, turn in enumerate(_listed(record.get(key), key)):
+        if not isinstance(turn, dict):
+            raise RecordError("malformed_record", f"turn {i} is {type(turn).__name__}")
+        speaker = turn.get("from", turn.get("role"))
+        text = turn.get("value", turn.get("content"))
+        if not isinstance(text, str):
             raise RecordError("malformed_record", f"turn {i} has no string 'value'")
-        role = ROLE_OF.get(turn.get("from"))
+        role = ROLE_OF.get(speaker)
         if role is None:
             raise RecordError(
-                "malformed_record",
-                f"turn {i}: 'from' is {turn.get('from')!r}, not human, gpt or system",
+                "malformed_record", f"turn {i}: 'from' is {speaker!r}, not human, gpt or system"
             )
-        turns.append((role, turn["value"]))
+        turns.append((role, text))
     if "system" in record and isinstance(record["system"], str):
         turns.insert(0, ("system", record["system"]))
     return turns
 
 
+def _media_list(record: dict, *names: str) -> list:
+    """The record's media under ``names`` (a path, a list of them); empty strings are none."""
+    out = []
+    for name in names:
+        out += [m for m in _listed(record.get(name), name) if m not in ("", None)]
+    return out
+
+
 def _llava(record: dict, media: _Media) -> dict:
-    images = _listed(record.get("image"), "image") + _listed(record.get("images"), "images")
-    videos = _listed(record.get("video"), "video") + _listed(record.get("videos"), "videos")
+    images = _media_list(record, "image", "images")
+    videos = _media_list(record, "video", "videos")
     return {"messages": _turns(_from_value(record), images, videos, media)}
 
 
-def _content_parts(content: Any, images: list, media: _Media) -> Any:
-    """OpenAI / Hugging Face parts -> ours (images stored as parts)."""
+def _part_source(part: dict, kind: str) -> Any:
+    """The media a content part names: a path or URL, a ``{"url"}`` object, a Hugging Face
+    ``{"bytes", "path"}`` entry (kept whole), or None (the next listed one)."""
+    source = part.get("image_url") if kind == "image_url" else part.get(kind)
+    if isinstance(source, dict) and "bytes" not in source:
+        source = source.get("url", source.get("path"))
+    return source
+
+
+def _content(content: Any, queue: dict[str, list], media: _Media) -> Any:
+    """One message's content -> ours: ``<image>`` placeholders in strings and text parts take
+    the next listed image; image parts name theirs, or take the next listed one."""
     if isinstance(content, str):
-        return content
+        return _split(content, queue, media)
     if not isinstance(content, list):
         raise RecordError("malformed_record", f"content is {type(content).__name__}")
-    out = []
+    out: list[dict] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            out.append({"type": "text", "text": part.get("text", "")})
+            pieces = _split(str(part.get("text", "")), queue, media)
+            out += [{"type": "text", "text": pieces}] if isinstance(pieces, str) else pieces
         elif kind in ("image", "image_url", "video"):
             media_kind = "video" if kind == "video" else "image"
-            source = part.get(kind) if kind != "image_url" else part.get("image_url")
-            if isinstance(source, dict):
-                source = source.get("url", source.get("path", source))
+            source = _part_source(part, kind)
             if source is None:  # {"type": "image"} alone: the next listed image
-                if not images:
-                    raise RecordError("malformed_record", "an image part names no image")
-                source = images.pop(0)
+                if not queue[media_kind]:
+                    raise RecordError("malformed_record", f"an {media_kind} part names none")
+                source = queue[media_kind].pop(0)
             out.append({"type": media_kind, media_kind: media.add(source, media_kind)})
         else:
             raise RecordError("malformed_record", f"content part of type {kind!r}")
     return out
 
 
+def _references(messages: list) -> int:
+    """How many media references (placeholders, media parts) the messages make."""
+    count = 0
+    for message in messages:
+        content = message.get("content")
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") in ("image", "image_url", "video"):
+                count += 1
+            elif isinstance(part.get("text"), str):
+                count += len(_PLACEHOLDER.findall(part["text"]))
+    return count
+
+
 def _messages(record: dict, media: _Media) -> dict:
-    images = _listed(record.get("images"), "images")
-    videos = _listed(record.get("videos"), "videos")
-    messages = _listed(record.get("messages", record.get("conversations")), "messages")
+    images = _media_list(record, "images")
+    videos = _media_list(record, "videos")
+    key = "messages" if "messages" in record else "conversations"
+    messages = _listed(record.get(key), key)
     if any(isinstance(m, dict) and "from" in m for m in messages):
-        return _llava({**record, "conversations": messages, "images": images}, media)
-    plain = all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)
+        return {"messages": _turns(_from_value(record, key), images, videos, media)}
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLE_OF:
             raise RecordError("malformed_record", f"message {i} has no valid 'role'")
-    if plain:  # strings with <image> placeholders and a top-level images list
-        turns = [(ROLE_OF[m["role"]], m["content"]) for m in messages]
-        return {"messages": _turns(turns, images, videos, media)}
+    if not _references(messages):  # listed media, no reference: they lead the first user turn
+        if all(isinstance(m.get("content"), str) for m in messages):
+            turns = [(ROLE_OF[m["role"]], m["content"]) for m in messages]
+            return {"messages": _turns(turns, images, videos, media)}
+        return {"messages": _unreferenced(messages, images, videos, media)}
+    queue = {"image": list(images), "video": list(videos)}
     out = [
-        {"role": ROLE_OF[m["role"]], "content": _content_parts(m.get("content"), images, media)}
+        {"role": ROLE_OF[m["role"]], "content": _content(m.get("content"), queue, media)}
         for m in messages
     ]
+    for kind, left in queue.items():
+        if left:
+            raise RecordError(
+                "malformed_record", f"{len(left)} listed {kind}(s) no message refers to"
+            )
     return {"messages": out}
+
+
+def _unreferenced(messages: list, images: list, videos: list, media: _Media) -> list[dict]:
+    """Parts content with no media reference: listed media lead the first user turn."""
+    lead = [("video", v) for v in videos] + [("image", i) for i in images]
+    out = []
+    for message in messages:
+        content = _content(message.get("content"), {"image": [], "video": []}, media)
+        if message["role"] == "user" and lead:
+            first = [{"type": kind, kind: media.add(source, kind)} for kind, source in lead]
+            lead = []
+            content = first + (
+                [{"type": "text", "text": content}] if isinstance(content, str) else content
+            )
+        out.append({"role": ROLE_OF[message["role"]], "content": content})
+    if lead:
+        raise RecordError("malformed_record", "media but no user turn to put them in")
+    return out
 
 
 def _cauldron(record: dict, media: _Media) -> dict:
