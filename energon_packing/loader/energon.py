@@ -525,12 +525,31 @@ class TolerantReader:
         except READ_ERRORS as e:
             shard = self._shard(index)
             return {
-                "__key__": f"{shard}#{index}",
+                "__key__": self._key_in_tar(index) or f"{shard}#{index}",
                 "__shard__": shard,
                 "__restore_key__": ("Webdataset", index),
                 "__sources__": (),
                 "__corrupt__": f"{shard}: {describe(e)}",
             }
+
+    def _key_in_tar(self, index: int) -> str | None:
+        """The sample's key, read from its first tar header (as WebDataset cuts it: the
+        member's name up to the first dot of its file name), when the shard still holds that
+        header; None when it does not (deleted, cut before it, unreadable)."""
+        try:
+            pointer = self.reader._get_itar_sample_pointer(index)
+            shard = self.reader.base_path / str(self.reader.tar_filenames[pointer.tar_file_id])
+            with shard.open("rb") as f:
+                f.seek(pointer.byte_offset)
+                with tarfile.open(fileobj=f, mode="r:") as tar:
+                    member = tar.next()
+        except Exception:  # whatever is broken here: the dataset-wide index names it instead
+            return None
+        if member is None or not member.name:
+            return None
+        folder, _, name = member.name.rpartition("/")
+        key = name.split(".", 1)[0]
+        return f"{folder}/{key}" if folder and key else key or None
 
     def _shard(self, index: int) -> str:
         try:
