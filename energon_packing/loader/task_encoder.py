@@ -40,6 +40,7 @@ from energon_packing.loader.energon import (
     PackingGuard,
     check_energon,
     guard_field_maps,
+    keep_no_tar_members,
     make_tolerant,
     name_unprepared_datasets,
     postencoder,
@@ -142,6 +143,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     def __init__(self, *, tokenizer: Any = None, processor: Any = None, **knobs: Any):
         check_energon()
         name_unprepared_datasets()
+        keep_no_tar_members()
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
         self.config.check_path(BUILTIN if processor is None else PROCESSOR)
