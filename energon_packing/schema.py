@@ -33,6 +33,7 @@ __all__ = [
     "IMAGE_SOURCE_INDEX",
     "INPUT_IDS",
     "INPUT_LENGTHS",
+    "PACKING_BUFFER_FIX",
     "PACKING_METRICS",
     "PACKING_SKIPPED",
     "PADDING_MASK",
@@ -99,15 +100,21 @@ class PackContractError(ValueError):
     """A pack (or prepacked batch) breaks the contract; the message names key and sources."""
 
 
+#: How to turn packing on, as every "nothing was packed" message says it.
+PACKING_BUFFER_FIX = (
+    "Pass packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to get_train_dataset / "
+    "get_val_dataset (NeMo-RL #4108: data.energon.task_encoder.packing.buffer_size)"
+)
+
+
 def not_prepacked(consumer: str) -> PackContractError:
     """The one error every consumer of packs raises for a batch without pack boundaries: the
     loader was built without a packing buffer, so nothing was packed."""
     return PackContractError(
         f"{CU_SEQLENS}: {consumer} takes loader packs, but this batch has no pack boundaries "
-        f"(an unpacked batch: the Energon loader was built without packing_buffer_size). Pass "
-        f"packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to get_train_dataset / "
-        f"get_val_dataset (NeMo-RL #4108: data.energon.task_encoder.packing.buffer_size); for "
-        f"ordinary padded rows use energon_packing.trainer.pack_microbatches"
+        f"(an unpacked batch: the Energon loader was built without packing_buffer_size). "
+        f"{PACKING_BUFFER_FIX}; for ordinary padded rows use "
+        f"energon_packing.trainer.pack_microbatches"
     )
 
 

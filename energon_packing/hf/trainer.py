@@ -36,9 +36,8 @@ from energon_packing.trainer.loss import (
     LOSS_WEIGHTS,
     StepLoss,
     check_denominator,
+    shifted_loss_sum,
     step_loss,
-    weighted_loss_sum,
-    weights_of,
 )
 
 __all__ = ["HFPacks", "PackedLossMixin", "packed_trainer_class"]
@@ -172,12 +171,11 @@ class PackedLossMixin:
         (evaluation)."""
         inputs = dict(inputs)
         labels = inputs.pop("labels")
-        weights = weights_of(inputs)
-        inputs.pop(LOSS_WEIGHTS)
+        weights = inputs.pop(LOSS_WEIGHTS)
         inputs.pop(SOURCE_IDS, None)
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        total = weighted_loss_sum(logits[..., :-1, :], labels[..., 1:], weights[..., 1:])
+        total = shifted_loss_sum(logits, labels, weights)
         if model.training and self._step is not None and num_items_in_batch is not None:
             loss = self._step(total)
         else:

@@ -57,6 +57,7 @@ from energon_packing.packing.algorithms import round_up, select_packs
 from energon_packing.packing.balance import attention_cost
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
+    PACKING_BUFFER_FIX,
     PACKING_METRICS,
     PACKING_SKIPPED,
     RESTORE_KEY,
@@ -144,9 +145,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         check_energon()
         name_unprepared_datasets()
         keep_no_tar_members()
+        # the path check runs on the flat knobs before they are validated, so a knob that does
+        # not apply to this path is named before any conflict it has with another
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
-        self.config.check_path(BUILTIN if processor is None else PROCESSOR)
         self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
         #: the built-in layout's tokenizer (None on a processor path)
         self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
@@ -531,12 +533,10 @@ def check_packing_buffer(packing_buffer_size: int | None, *, unpacked: bool) -> 
     ``unpacked`` knob asks for ordinary padded batches (then it must have none)."""
     if packing_buffer_size is None and not unpacked:
         raise ValueError(
-            "PackingTaskEncoder: this loader was built without packing_buffer_size, so Energon "
-            "would hand over single conversations and nothing would be packed. Pass "
-            "packing_buffer_size=256 (any int >= 1; 32-64 with carry=True) to "
-            "get_train_dataset / get_val_dataset (NeMo-RL #4108: "
-            "data.energon.task_encoder.packing.buffer_size), or "
-            "PackingTaskEncoder(unpacked=True) for ordinary padded batches"
+            f"PackingTaskEncoder: this loader was built without packing_buffer_size, so Energon "
+            f"would hand over single conversations and nothing would be packed. "
+            f"{PACKING_BUFFER_FIX}, or PackingTaskEncoder(unpacked=True) for ordinary padded "
+            f"batches"
         )
     if packing_buffer_size is not None and unpacked:
         raise ValueError(

@@ -51,6 +51,7 @@ __all__ = [
     "StepCounts",
     "StepLoss",
     "counts_of",
+    "shifted_loss_sum",
     "step_loss",
     "token_loss",
     "weighted_loss_sum",
@@ -183,6 +184,14 @@ def weighted_loss_sum(
     return (losses * weights[keep].to(dtype)).sum()
 
 
+def shifted_loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """:func:`weighted_loss_sum` for unshifted ``labels`` / ``weights`` (``to_hf`` inputs, a
+    ``Trainer`` batch): position t predicts token t+1, as ``transformers`` shifts."""
+    return weighted_loss_sum(logits[..., :-1, :], labels[..., 1:], weights[..., 1:])
+
+
 def token_loss(logits: torch.Tensor, microbatch: Microbatch) -> tuple[torch.Tensor, int]:
     """``(sum of weighted token cross-entropies, trained tokens)`` of one shim microbatch.
     Divide the sum by the *step's* denominator (:func:`step_loss`), never by this count."""
@@ -222,9 +231,7 @@ class StepLoss:
         shifts)."""
         if isinstance(item, Microbatch):
             return self(weighted_loss_sum(logits, item.labels, item.loss_mask))
-        labels = item["labels"]
-        weights = weights_of(item)
-        return self(weighted_loss_sum(logits[..., :-1, :], labels[..., 1:], weights[..., 1:]))
+        return self(shifted_loss_sum(logits, item["labels"], weights_of(item)))
 
 
 def _device(group: Any) -> torch.device:
