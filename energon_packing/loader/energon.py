@@ -448,17 +448,26 @@ def keep_no_tar_members() -> None:
     ``gc.collect`` calls (every 10 samples of a per-sample read) walked them all, 1.97 ms per
     conversation where a constant 0.26 ms is the cost. Emptying the list after each header
     keeps both flat (docs/energon-upstream.md has the upstream fix). Idempotent."""
-    original = ITarFile.next
+
+    def make(original: Callable) -> Callable:
+        def next(self: ITarFile) -> Any:
+            info = original(self)
+            self.members.clear()  # Energon reads by offset; nothing looks a member up by name
+            return info
+
+        return next
+
+    _patch_once(ITarFile, "next", make)
+
+
+def _patch_once(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replaces ``owner.name`` by ``make(original)``, once (a second call finds the mark)."""
+    original = getattr(owner, name)
     if getattr(original, "__energon_packing__", False):
         return
-
-    def next(self: ITarFile) -> Any:
-        info = original(self)
-        self.members.clear()  # Energon reads by offset; nothing looks a member up by name
-        return info
-
-    next.__energon_packing__ = True
-    ITarFile.next = next
+    patched = make(original)
+    patched.__energon_packing__ = True
+    setattr(owner, name, patched)
 
 
 class DatasetNotPreparedError(ValueError):
@@ -470,32 +479,33 @@ def name_unprepared_datasets() -> None:
     """Wraps the ``load_dataset`` Energon's ``get_train_dataset`` / ``get_val_dataset`` call so
     an unprepared folder is a :class:`DatasetNotPreparedError` naming the fix (a subclass of the
     ``ValueError`` Energon raises). Idempotent; everything else passes through unchanged."""
-    original = _dataset_loader.load_dataset
-    if getattr(original, "__energon_packing__", False):
-        return
 
-    def load_dataset(path: Any, **kwargs: Any) -> Any:
-        try:
-            return original(path, **kwargs)
-        except ValueError as error:
-            if not str(error).startswith("Invalid dataset at") or isinstance(path, dict):
-                raise
-            from pathlib import Path
+    def make(original: Callable) -> Callable:
+        def load_dataset(path: Any, **kwargs: Any) -> Any:
+            try:
+                return original(path, **kwargs)
+            except ValueError as error:
+                if not str(error).startswith("Invalid dataset at") or isinstance(path, dict):
+                    raise
+                from pathlib import Path
 
-            folder = Path(str(path))
-            above = next((p for p in folder.resolve().parents if (p / ".nv-meta").is_dir()), None)
-            if above is not None:
-                fix = f"it is a folder inside the prepared dataset {above}: pass {above}"
-            elif folder.is_dir() and any(folder.rglob("*.tar")):
-                fix = f"run `energon-packing prepare {folder}` (it writes .nv-meta/)"
-            else:
-                fix = "pass a folder `energon-packing prepare` made, or a metadataset .yaml"
-            raise DatasetNotPreparedError(
-                f"{folder} is not a prepared Energon dataset (no .nv-meta/): {fix}"
-            ) from None
+                from energon_packing.loader.shards import enclosing_dataset, shard_paths
 
-    load_dataset.__energon_packing__ = True
-    _dataset_loader.load_dataset = load_dataset
+                folder = Path(str(path))
+                above = enclosing_dataset(folder)
+                if above is not None:
+                    fix = f"it is a folder inside the prepared dataset {above}: pass {above}"
+                elif folder.is_dir() and shard_paths(folder):
+                    fix = f"run `energon-packing prepare {folder}` (it writes .nv-meta/)"
+                else:
+                    fix = "pass a folder `energon-packing prepare` made, or a metadataset .yaml"
+                raise DatasetNotPreparedError(
+                    f"{folder} is not a prepared Energon dataset (no .nv-meta/): {fix}"
+                ) from None
+
+        return load_dataset
+
+    _patch_once(_dataset_loader, "load_dataset", make)
 
 
 def _our_error(error: BaseException) -> BaseException | None:

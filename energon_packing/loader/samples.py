@@ -180,23 +180,28 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: LLaVA / ShareGPT speakers -> roles
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
-_ROLES["system"] = "system"
+#: LLaVA / ShareGPT speakers -> roles (``energon-packing convert`` maps them the same way)
+SPEAKER_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 def _from_value(turns: list) -> list:
     """LLaVA's ``[{"from": "human", "value": ...}]`` as ``messages``."""
     messages = []
     for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or turn.get("from") not in _ROLES:
+        if not isinstance(turn, dict) or turn.get("from") not in SPEAKER_ROLES:
             speaker = turn.get("from") if isinstance(turn, dict) else turn
             raise Skip(
                 "malformed_message",
                 f"conversations[{i}]: 'from' is {brief(speaker)}, not human, gpt or system; "
                 f"`energon-packing convert` maps other shapes",
             )
-        messages.append({"role": _ROLES[turn["from"]], "content": turn.get("value")})
+        messages.append({"role": SPEAKER_ROLES[turn["from"]], "content": turn.get("value")})
     return messages
 
 

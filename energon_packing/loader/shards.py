@@ -94,6 +94,7 @@ __all__ = [
     "ShardScan",
     "cut_losses",
     "cut_shard_back",
+    "enclosing_dataset",
     "load_losses",
     "scan_dataset",
     "scan_shard",
@@ -419,6 +420,12 @@ def shard_paths(path: Path | str) -> list[str]:
     root = Path(path)
     found = list(root.glob("**/*.tar")) + list(root.glob("**/*.tgz"))
     return [str(p.relative_to(root)) for p in sorted(found)]
+
+
+def enclosing_dataset(path: Path | str) -> Path | None:
+    """The prepared dataset (a folder with ``.nv-meta/``) ``path`` lies inside, if any: what a
+    user meant who passed its ``shards/`` folder."""
+    return next((p for p in Path(path).resolve().parents if (p / ".nv-meta").is_dir()), None)
 
 
 def scan_dataset(path: Path | str, *, shards: Sequence[str] | None = None) -> Scan:

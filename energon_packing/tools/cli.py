@@ -43,9 +43,9 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
         return None
     meta = path / ".nv-meta"
     if not meta.is_dir():
-        from energon_packing.loader.shards import shard_paths
+        from energon_packing.loader.shards import enclosing_dataset, shard_paths
 
-        above = next((p for p in path.resolve().parents if (p / ".nv-meta").is_dir()), None)
+        above = enclosing_dataset(path)
         if above is not None:
             raise click.BadParameter(
                 f"{path} is a folder inside the prepared dataset {above}: pass {above}",
@@ -344,7 +344,6 @@ def stats(
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
     from energon_packing.packing import ALGORITHMS
-    from energon_packing.packing.algorithms import round_up
     from energon_packing.tools.report import (
         capacity_hint,
         format_skipped,
@@ -352,6 +351,7 @@ def stats(
         measure_costs,
         packing_table,
         recommend,
+        unbounded_costs,
     )
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
@@ -365,15 +365,11 @@ def stats(
     click.echo(format_skipped(measured.skipped, te.stats.skipped_keys))
     total = len(measured.costs) + sum(measured.skipped.values())
     if measured.skipped.get("overlong", 0) > 0.01 * total:  # measure them with room to spare
-        wide = _encoder(
-            round_up(1 << 24, pad_multiple),
-            pad_multiple,
-            max_pixels,
-            overlong,
-            tokenizer,
-            processor,
+        every = unbounded_costs(
+            path,
+            lambda width: _encoder(width, pad_multiple, max_pixels, overlong, tokenizer, processor),
+            pad_multiple=pad_multiple,
         )
-        every = measure_costs(path, wide, progress=False).costs
         hint = capacity_hint(every, capacity=capacity, pad_multiple=pad_multiple, total=total)
         if hint:
             click.echo(hint)

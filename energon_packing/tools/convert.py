@@ -188,13 +188,24 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
 _SPLIT_FILES = ("train", "test", "validation", "valid", "val", "dev")
 
 
+_KINDS = (".json", ".jsonl", ".parquet")
+
+
+def _arrow_files(source: Path) -> list[Path]:
+    """The Arrow streams of a ``save_to_disk`` folder (none for anything else)."""
+    return sorted(source.glob("*.arrow")) if source.is_dir() else []
+
+
 def _files(source: Path) -> list[tuple[Path, str]]:
     """(path, name) of every record file under ``source``: JSON, JSONL and parquet files, each
     named by its path relative to ``source`` (its own name for a file source)."""
     if source.is_file():
+        if source.suffix not in _KINDS:
+            raise ValueError(
+                f"{source}: not a .json, .jsonl or .parquet file, nor a dataset folder"
+            )
         return [(source, source.name)]
-    kinds = (".json", ".jsonl", ".parquet")
-    paths = sorted(p for p in source.rglob("*") if p.suffix in kinds and p.is_file())
+    paths = sorted(p for p in source.rglob("*") if p.suffix in _KINDS and p.is_file())
     return [(p, p.relative_to(source).as_posix()) for p in paths]
 
 
@@ -212,10 +223,7 @@ def check_source(source: Path, val_files: tuple[str, ...] = ()) -> None:
             f"{source} is a DatasetDict: convert one split folder, e.g. "
             f"{source / (splits[0] if splits else 'train')}"
         )
-    if source.is_dir() and sorted(source.glob("*.arrow")):
-        files = [(source, source.name)]
-    else:
-        files = _files(source)
+    files = [(source, source.name)] if _arrow_files(source) else _files(source)
     if not files:
         raise ValueError(f"{source} holds no .json, .jsonl, .arrow or .parquet records")
     names = {name for _, name in files}
@@ -239,12 +247,10 @@ def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
     to a source folder; ``index`` counts from 0 in each file (a ``save_to_disk`` folder is one
     file: its rows)."""
     source = Path(source)
-    if source.is_dir() and sorted(source.glob("*.arrow")):
-        for index, row in _arrow_rows(sorted(source.glob("*.arrow"))):
+    if arrow := _arrow_files(source):
+        for index, row in _arrow_rows(arrow):
             yield source.name, index, row
         return
-    if source.is_file() and source.suffix not in (".json", ".jsonl", ".parquet"):
-        raise ValueError(f"{source}: not a .json, .jsonl or .parquet file, nor a dataset folder")
     for path, name in _files(source):
         if path.suffix == ".parquet":
             rows = _parquet_rows(path)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from energon_packing.loader.samples import SPEAKER_ROLES
+
 __all__ = [
     "FORMATS",
     "REPORT_REASONS",
@@ -38,11 +40,8 @@ __all__ = [
 
 FORMATS = ("llava", "sharegpt", "hf", "messages")
 REPORT_REASONS = ("missing_image", "unreadable_image", "malformed_record")
-ROLE_OF = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
-ROLE_OF["system"] = "system"
 IMAGE, VIDEO = "<image>", "<video>"
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
 
 
 class RecordError(Exception):
@@ -168,7 +167,7 @@ def _from_value(record: dict, key: str = "conversations") -> list[tuple[str, str
         text = turn.get("value", turn.get("content"))
         if not isinstance(text, str):
             raise RecordError("malformed_record", f"turn {i} has no string 'value'")
-        role = ROLE_OF.get(speaker)
+        role = SPEAKER_ROLES.get(speaker)
         if role is None:
             raise RecordError(
                 "malformed_record", f"turn {i}: 'from' is {speaker!r}, not human, gpt or system"
@@ -252,16 +251,16 @@ def _messages(record: dict, media: _Media) -> dict:
     if any(isinstance(m, dict) and "from" in m for m in messages):
         return {"messages": _turns(_from_value(record, key), images, videos, media)}
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLE_OF:
+        if not isinstance(message, dict) or message.get("role") not in SPEAKER_ROLES:
             raise RecordError("malformed_record", f"message {i} has no valid 'role'")
     if not _references(messages):  # listed media, no reference: they lead the first user turn
         if all(isinstance(m.get("content"), str) for m in messages):
-            turns = [(ROLE_OF[m["role"]], m["content"]) for m in messages]
+            turns = [(SPEAKER_ROLES[m["role"]], m["content"]) for m in messages]
             return {"messages": _turns(turns, images, videos, media)}
         return {"messages": _unreferenced(messages, images, videos, media)}
     queue = {"image": list(images), "video": list(videos)}
     out = [
-        {"role": ROLE_OF[m["role"]], "content": _content(m.get("content"), queue, media)}
+        {"role": SPEAKER_ROLES[m["role"]], "content": _content(m.get("content"), queue, media)}
         for m in messages
     ]
     for kind, left in queue.items():
@@ -284,7 +283,7 @@ def _unreferenced(messages: list, images: list, videos: list, media: _Media) -> 
             content = first + (
                 [{"type": "text", "text": content}] if isinstance(content, str) else content
             )
-        out.append({"role": ROLE_OF[message["role"]], "content": content})
+        out.append({"role": SPEAKER_ROLES[message["role"]], "content": content})
     if lead:
         raise RecordError("malformed_record", "media but no user turn to put them in")
     return out

@@ -39,6 +39,7 @@ __all__ = [
     "packing_table",
     "recommend",
     "shortest_cost",
+    "unbounded_costs",
 ]
 
 TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
@@ -339,14 +340,14 @@ def capacity_hint(
 ) -> str | None:
     """When over 1 % of ``total`` conversations cost more than ``capacity``: how many, and the
     C that keeps all of them (and the one that keeps 99 %)."""
-    over = sorted(c for c in costs if c > capacity)
-    if not over or len(over) <= 0.01 * total:
+    over = sum(c > capacity for c in costs)
+    if not over or over <= 0.01 * total:
         return None
     everything = sorted(costs)
     keep_all = round_up(everything[-1], pad_multiple)
     keep_99 = round_up(everything[max(0, -(-99 * len(everything) // 100) - 1)], pad_multiple)
     text = (
-        f"{len(over):,} of {total:,} conversations ({100 * len(over) / total:.1f}%) are longer "
+        f"{over:,} of {total:,} conversations ({100 * over / total:.1f}%) are longer "
         f"than C={capacity:,} and are skipped as overlong: --capacity {keep_all} keeps all of them"
     )
     if capacity < keep_99 < keep_all:
@@ -354,12 +355,17 @@ def capacity_hint(
     return text + " (or --overlong truncate)"
 
 
-def shortest_cost(path: Path | str, encoder_for: Any, *, pad_multiple: int) -> int | None:
-    """The smallest packing cost of any conversation of ``path``, measured with a width no
+def unbounded_costs(path: Path | str, encoder_for: Any, *, pad_multiple: int) -> list[int]:
+    """The packing cost of every conversation of ``path``, measured with a width no
     conversation exceeds (``encoder_for(width)`` builds the task encoder)."""
     width = round_up(1 << 24, pad_multiple)
-    measured = measure_costs(path, encoder_for(width), progress=False)
-    return min(measured.costs) if measured.costs else None
+    return measure_costs(path, encoder_for(width), progress=False).costs
+
+
+def shortest_cost(path: Path | str, encoder_for: Any, *, pad_multiple: int) -> int | None:
+    """The smallest packing cost of any conversation of ``path`` (:func:`unbounded_costs`)."""
+    costs = unbounded_costs(path, encoder_for, pad_multiple=pad_multiple)
+    return min(costs) if costs else None
 
 
 def format_scan(scan: Any, *, seconds: float, limit: int = 50) -> str:
