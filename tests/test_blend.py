@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from helpers import make_dataset, raw_sample
+from helpers import loader_batches, make_dataset, raw_sample
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.testing.synth import conversations
@@ -47,21 +47,9 @@ def blend(tmp_path_factory):
 
 
 def _epoch(path, workers: int):
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
-
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096, carry=True)
-    dataset = get_train_dataset(
-        path,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
-        batch_size=1,
-        packing_buffer_size=16,
-        task_encoder=te,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        repeat=False,
-    )
     ids, skipped = [], []
-    for batch in get_loader(dataset):
+    for batch in loader_batches(path, te, buffer=16, workers=workers):
         ids += [key for pack in batch["source_ids"] for key in pack]
         skipped += batch.get("packing_skipped", [])
     return ids, skipped + [tuple(s) for s in te.stats.drain()]

@@ -27,7 +27,8 @@ def epoch(
     savable: bool = False,
 ) -> Any:
     """An Energon loader over one epoch of ``path``'s train split (``get_savable_loader`` when
-    ``savable``, for ``save_state_rank`` / ``restore_state_rank``)."""
+    ``savable``, for ``save_state_rank`` / ``restore_state_rank``); ``path`` is a prepared
+    folder or a metadataset ``.yaml`` (blends must then be ``blend_epochized``)."""
     from megatron.energon import (
         WorkerConfig,
         get_loader,
@@ -44,7 +45,8 @@ def epoch(
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         repeat=False,
-        dataset_config=dataset_config,
+        # a metadataset (.yaml) names its datasets' configs itself; Energon refuses this there
+        **({"dataset_config": dataset_config} if Path(path).is_dir() else {}),
     )
     with warnings.catch_warnings():  # "pin_memory ... no accelerator is found" on CPU machines
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
