@@ -31,6 +31,7 @@ _LAZY = {
     "PackingTaskEncoder": "loader.task_encoder",
     "PackingError": "loader.task_encoder",
     "RestoreMismatchError": "loader.energon",
+    "ShardChangedError": "loader.energon",
     "ConversationSample": "loader.samples",
     "EncodedConversation": "loader.samples",
     "PackedSample": "loader.samples",

@@ -85,3 +85,43 @@ def mismatch(rank: int, world_size: int, init_method: str, out: str) -> None:
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
         f.write(outcome)
+
+
+def aligned(rank: int, world_size: int, init_method: str, out: str) -> None:
+    """Rank r brings r mRoPE packs (rank 0 none at all, only a skip): ``align_ranks`` without
+    ``capacity`` learns the fillers' width and layout from the others."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from energon_packing.schema import Source, collate, layout
+    from energon_packing.trainer import FILLER_KEY, align_ranks
+
+    def pack(i):
+        source = Source(
+            key=f"r{rank}-{i}",
+            input_ids=[7] * 5,
+            token_mask=[1.0] * 5,
+            positions=np.tile(np.arange(5), (3, 1)),
+        )
+        return collate([layout([source], width=24, pad_multiple=1, pad_id=0)])
+
+    accounting = {**pack(0), "packing_skipped": [(f"lost-{rank}", "malformed_json")]}
+    empty = {k: v[:0] if hasattr(v, "shape") else [] for k, v in accounting.items()}
+    empty["packing_skipped"] = accounting["packing_skipped"]
+    batches = [empty, *(pack(i) for i in range(rank))]
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    try:
+        steps = [
+            (
+                batch["source_ids"][0][0] if batch["source_ids"] else None,
+                list(batch["input_ids"].shape),
+                list(batch["position_ids"].shape),
+                [key for key, _ in batch.get("packing_skipped", ())],
+            )
+            for batch in align_ranks(batches)
+        ]
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"steps": steps, "filler": FILLER_KEY}, f)

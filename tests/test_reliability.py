@@ -392,6 +392,22 @@ def test_two_ranks_one_epoch_in_step(synth_dataset, tmp_path):
     assert sorted(keys + skipped) == sorted(f"conv{i:06d}" for i in range(120))
 
 
+def test_aligned_ranks_run_equal_steps_with_fillers_shaped_like_the_packs(tmp_path):
+    """Three gloo ranks with 0, 1 and 2 packs: every rank runs 2 steps; rank 0, which never
+    saw a pack, learns the fillers' width (24) and mRoPE layout from the others; each rank's
+    skip rides on its first yielded batch."""
+    import dp_worker
+
+    spawn_ranks(dp_worker.aligned, 3, tmp_path, str(tmp_path / "out"), timeout=120)
+    ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(3)]
+    filler = ranks[0]["filler"]
+    assert [r["steps"] for r in ranks] == [
+        [[filler, [1, 24], [3, 1, 24], ["lost-0"]], [filler, [1, 24], [3, 1, 24], []]],
+        [["r1-0", [1, 24], [3, 1, 24], ["lost-1"]], [filler, [1, 24], [3, 1, 24], []]],
+        [["r2-0", [1, 24], [3, 1, 24], ["lost-2"]], ["r2-1", [1, 24], [3, 1, 24], []]],
+    ]
+
+
 @S  # two gloo processes
 def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     import dp_worker

@@ -272,7 +272,7 @@ def test_context_parallel_ranks_count_each_pack_once(monkeypatch):
 def test_the_counts_travel_where_the_backend_wants_them(monkeypatch):
     import torch.distributed as dist
 
-    from energon_packing.trainer import loss
+    from energon_packing.trainer import ranks
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
@@ -282,7 +282,7 @@ def test_the_counts_travel_where_the_backend_wants_them(monkeypatch):
         ("cpu:gloo,cuda:nccl", torch.device("cpu")),
     ):
         monkeypatch.setattr(dist, "get_backend", lambda group=None, b=backend: b)
-        assert loss._device("group") == device
+        assert ranks.collective_device("group") == device  # step_loss, align_ranks, checks
 
 
 def test_step_loss_refuses_unknown_choices():

@@ -38,6 +38,7 @@ from megatron.energon.flavors.base_dataset import (
     add_sample_restore_key,
     set_sample_restore_key,
 )
+from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 from megatron.energon.flavors.webdataset.itar import ITarFile
 from megatron.energon.flavors.webdataset.itar_reader import ITarReader
 from megatron.energon.flavors.webdataset.sample_loader import WebdatasetSampleLoaderDataset
@@ -57,6 +58,7 @@ __all__ = [
     "SUPPORTED_ENERGON",
     "EnergonCompatibilityError",
     "RestoreMismatchError",
+    "ShardChangedError",
     "check_energon",
 ]
 
@@ -89,6 +91,7 @@ _INTERNALS: tuple[tuple[type, str, str], ...] = (
     (BaseWrapperDataset, "restore_state", "the packing guard's restore check"),
     (_dataset_loader, "load_dataset", "naming the fix for an unprepared dataset folder"),
     (ITarFile, "next", "reading shards at a constant cost per sample"),
+    (BaseWebdatasetFactory, "shards", "the shards' fingerprint a checkpoint holds"),
 )
 
 
@@ -314,6 +317,80 @@ def compare_settings(
         )
 
 
+class ShardChangedError(RestoreMismatchError):
+    """A shard the checkpoint's loader read is gone or differs (size, mtime, samples in the
+    index) from what it was when that loader was built: Energon would resume at the old byte
+    offsets and lose or misread conversations without a word."""
+
+
+#: A shard as the loader saw it when it was built: [size, mtime_ns, samples in the index]
+#: (size and mtime -1: the file was missing).
+Fingerprint = list[list[int]]
+
+
+def shard_fingerprint(datasets: Any) -> tuple[list[str], Fingerprint]:
+    """Every shard the loader reads (each dataset of a blend once, in order): its path, and its
+    :data:`Fingerprint`. One ``stat`` per shard, no read."""
+    import os
+
+    paths: list[str] = []
+    prints: Fingerprint = []
+    seen: set[str] = set()
+    for loaded in datasets or ():
+        factory = getattr(loaded, "dataset", loaded)
+        for entry in getattr(factory, "shards", None) or ():
+            for shard in entry if isinstance(entry, tuple) else (entry,):  # joined datasets
+                path = str(shard.path)
+                if path in seen:
+                    continue
+                seen.add(path)
+                try:
+                    stat = os.stat(path)
+                    size, mtime = stat.st_size, stat.st_mtime_ns
+                except OSError:
+                    size = mtime = -1
+                paths.append(path)
+                prints.append([size, mtime, int(shard.count)])
+    return paths, prints
+
+
+def compare_shards(saved: Fingerprint, paths: list[str], current: Fingerprint) -> None:
+    """Raises :class:`ShardChangedError` naming the first shard whose fingerprint differs from
+    the checkpoint's, what changed and the fix."""
+    import datetime
+
+    restart = (
+        "or start this loader without restore_state_rank (the epoch starts over; after "
+        "rewriting shards run `energon-packing prepare` first)"
+    )
+    if len(saved) != len(current):
+        raise ShardChangedError(
+            f"the checkpoint's loader read {len(saved)} shards, the dataset now has "
+            f"{len(current)}: it was re-prepared since. Restore the dataset as it was, {restart}"
+        )
+    for path, (size, mtime, count), now in zip(paths, saved, current, strict=True):
+        if [size, mtime, count] == now:
+            continue
+        fix = "Put the shard back as it was"
+        if now[0] < 0:
+            what = "is missing"
+        elif now[2] != count:
+            what = f"holds {now[2]} samples in the index where it held {count}"
+        elif now[0] != size:
+            what = f"is {now[0]:,} bytes where it was {size:,}"
+        else:
+            when = datetime.datetime.fromtimestamp(mtime / 1e9, datetime.UTC)
+            what = f"was modified (same size; mtime {when:%Y-%m-%d %H:%M:%S} UTC in the checkpoint)"
+            fix += (
+                f" (if only its mtime changed, a copy without -p: `touch -d @{mtime / 1e9:.9f} "
+                f"{path}`)"
+            )
+        raise ShardChangedError(
+            f"{path} {what} since the checkpoint was saved: resuming would read the old byte "
+            f"offsets and lose or misread conversations. {fix}, {restart}"
+        )
+
+
 def saved_num_workers(state: Any) -> int:
     """``num_workers`` of the loader a ``save_state_rank()`` state came from (its shape says:
     one plain state without workers, one checkpoint per worker otherwise)."""
@@ -333,16 +410,18 @@ class LossReport(Protocol):
 class PackingGuard(BaseWrapperDataset):
     """The task encoder's batches, as Energon iterates them, with three additions.
 
-    * Its saved state holds the packing settings; restoring into settings that change the
-      packs raises :class:`RestoreMismatchError` before anything inside is restored, so before
-      Energon re-reads a buffered sample (``SavableSampleBuffer`` re-reads at ``worker_start``).
+    * Its saved state holds the packing settings and the shards' fingerprint; restoring into
+      settings that change the packs raises :class:`RestoreMismatchError`, and restoring after
+      a shard changed :class:`ShardChangedError`, before anything inside is restored, so
+      before Energon re-reads a buffered sample (``SavableSampleBuffer`` re-reads at
+      ``worker_start``).
     * Global worker 0 of rank 0 reports the dataset's losses (``losses``) in its first batch,
       once per pass; whether it has is saved, so a restore never reports them twice.
     * At the end of a worker's stream, one more batch if skips are left that no batch carried
       (``tail()``: an accounting-only batch of zero rows), so every skip reaches the trainer.
     """
 
-    _savable_fields = ("_settings", "_losses_reported")
+    _savable_fields = ("_settings", "_losses_reported", "_shards")
 
     def __init__(
         self,
@@ -352,6 +431,7 @@ class PackingGuard(BaseWrapperDataset):
         rules: Mapping[str, str] | None = None,
         tail: Callable[[], Any] | None,
         losses: LossReport | None = None,
+        shards: tuple[list[str], Fingerprint] | None = None,
         worker_config: WorkerConfig,
     ):
         super().__init__(dataset, worker_config=worker_config)
@@ -359,15 +439,22 @@ class PackingGuard(BaseWrapperDataset):
         self.rules = dict(rules or {})
         self.tail = tail
         self.losses = losses
+        self.shard_paths, self.shards = shards or ([], None)
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
         self._settings = dict(self.settings)
         self._losses_reported = False
+        self._shards = self.shards
 
     def restore_state(self, state: Any) -> None:
         if state is not None and "_settings" in state:
             compare_settings(dict(state["_settings"]), self.settings, self.rules)
+        saved = state.get("_shards") if state is not None else None
+        if saved is not None and self.shards is not None:
+            compare_shards(saved, self.shard_paths, self.shards)
+        if state is not None and "_shards" not in state:  # saved by release 0.3
+            state = FlexState({**state, "_shards": self.shards})
         if state is not None and "_losses_reported" not in state:  # saved by release 0.2
             state = FlexState({**state, "_losses_reported": False})
         super().restore_state(state)

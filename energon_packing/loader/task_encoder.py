@@ -44,6 +44,7 @@ from energon_packing.loader.energon import (
     make_tolerant,
     name_unprepared_datasets,
     postencoder,
+    shard_fingerprint,
     tag_datasets,
     without_postencode,
 )
@@ -54,7 +55,6 @@ from energon_packing.loader.samples import (
     cook_conversation,
 )
 from energon_packing.packing.algorithms import round_up, select_packs
-from energon_packing.packing.balance import attention_cost
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
     PACKING_BUFFER_FIX,
@@ -149,6 +149,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         # not apply to this path is named before any conflict it has with another
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
+        self._cost_model = self.config.packing.cost_model()
         self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
         #: the built-in layout's tokenizer (None on a processor path)
         self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
@@ -160,6 +161,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         #: the train datasets' losses (prepare --allow-losses), owed to the skip report
         self._loss_reports: list[_Losses] = []
         self._pending_losses: _Losses | None = None  # set while build_train_datasets runs
+        #: the shards' fingerprint, saved with the state (set while build_*_datasets runs)
+        self._pending_shards: Any = None
 
     @classmethod
     def from_config(
@@ -263,8 +266,11 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return selection
 
     def pack_cost(self, samples: list[EncodedConversation]) -> int:
-        """Attention cost of a group (sum of squared lengths), for balanced emission."""
-        return attention_cost([s.length for s in samples])
+        """Training FLOPs of a group as a pack (``config.packing.cost_model()``), for balanced
+        emission."""
+        return self._cost_model.pack_flops(
+            [s.length for s in samples], capacity=self.config.max_input_seq_length
+        )
 
     def build_train_datasets(self, **kwargs: Any) -> Any:
         """Energon's pipeline, with every shard reader made tolerant of corrupt bytes and the
@@ -272,10 +278,11 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         guard_field_maps(kwargs.get("datasets"))
         names = tag_datasets(kwargs.get("datasets"))
         self._pending_losses = _Losses(_dataset_losses(kwargs.get("datasets"), names), self)
+        self._pending_shards = shard_fingerprint(kwargs.get("datasets"))
         try:
             dataset = super().build_train_datasets(**kwargs)
         finally:
-            self._pending_losses = None
+            self._pending_losses = self._pending_shards = None
         make_tolerant(dataset)
         return dataset
 
@@ -284,7 +291,11 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         train loader reports it)."""
         guard_field_maps(kwargs.get("datasets"))
         tag_datasets(kwargs.get("datasets"))
-        dataset = super().build_val_datasets(**kwargs)
+        self._pending_shards = shard_fingerprint(kwargs.get("datasets"))
+        try:
+            dataset = super().build_val_datasets(**kwargs)
+        finally:
+            self._pending_shards = None
         make_tolerant(dataset)
         return dataset
 
@@ -353,6 +364,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             rules=RESTORE_RULES,
             tail=self._tail if batch_size is not None else None,
             losses=losses,
+            shards=self._pending_shards,
             worker_config=worker_config,
         )
 

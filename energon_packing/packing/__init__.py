@@ -18,6 +18,7 @@ from energon_packing.packing.algorithms import (
     pack_stream,
     select_packs,
 )
+from energon_packing.packing.balance import StepCostModel
 from energon_packing.packing.carry import CarryPolicy, Selection
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_ALGORITHM",
     "CarryPolicy",
     "Selection",
+    "StepCostModel",
     "check_algorithm",
     "lower_bound",
     "pack",

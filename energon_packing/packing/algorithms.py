@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 from energon_packing.packing import kernels
-from energon_packing.packing.balance import attention_cost
+from energon_packing.packing.balance import StepCostModel
 from energon_packing.packing.carry import CarryPolicy, Selection, emit_all, split
 from energon_packing.packing.stream import ListBuffer, LoopState, PackingLoop
 from energon_packing.packing.subset_fill import subset_fill
@@ -297,6 +297,7 @@ def pack_stream(
     seed: int = 0,
     delta: int = 0,
     balance_window: int = 0,
+    cost_model: StepCostModel | None = None,
 ) -> Iterator[list[int]]:
     """Packs a stream through a buffer of ``buffer_size`` samples, as the loader does.
 
@@ -304,7 +305,8 @@ def pack_stream(
     the last partial buffer is packed too. ``carry=True`` (or a :class:`CarryPolicy`) keeps the
     samples of under-full packs in the buffer for the next round; the buffer never exceeds
     ``buffer_size`` and everything left is flushed at the end of the stream.
-    ``balance_window=W`` reorders the packs as the loader's balanced emission does.
+    ``balance_window=W`` reorders the packs as the loader's balanced emission does, targeting
+    ``cost_model``'s pack FLOPs (default: a 7B's).
 
     Yields:
         Packs as lists of indices into the stream.
@@ -319,6 +321,7 @@ def pack_stream(
         raise ValueError(f"balance_window must be an integer >= 0, got {balance_window!r}")
     _check_call([], capacity, algorithm, max_per_pack, delta)  # lengths are checked as read
     policy = CarryPolicy() if carry is True else (carry or None)
+    model = cost_model or StepCostModel()
     sizes: list[int] = []  # by stream position
 
     def positions() -> Iterator[int]:
@@ -343,7 +346,7 @@ def pack_stream(
     loop = PackingLoop(
         buffer_size=buffer_size,
         select=select,
-        pack_cost=lambda group: attention_cost([sizes[i] for i in group]),
+        pack_cost=lambda group: model.pack_flops([sizes[i] for i in group], capacity=capacity),
         balance_window=balance_window,
         balance_seed=seed,
     )

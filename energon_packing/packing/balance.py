@@ -1,8 +1,11 @@
 """Rank-balanced emission: every data-parallel rank emits packs of similar attention cost at the
 same step, with no communication.
 
-A pack's attention cost grows with the sum of its sources' squared lengths, so a step waits for
-the rank that drew the costliest pack. Each rank sees only its own loader; what ranks can share
+Every pack computes C tokens, so a step's cost differs between ranks only by attention, which
+grows with the sum of the sources' squared lengths: a step waits for the rank that drew the
+costliest pack. :class:`StepCostModel` prices a pack in training FLOPs (the C tokens' linear
+layers plus causal attention over each source) for a model's hidden size and depth, and that
+price is what emission balances. Each rank sees only its own loader; what ranks can share
 is a rule. Each rank keeps a pool of W pending packs and, at step t, emits the pool's pack whose
 cost is nearest to a *target*::
 
@@ -22,8 +25,17 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["HISTORY", "RecentCosts", "attention_cost", "imbalance", "pick", "target_quantile"]
+__all__ = [
+    "HISTORY",
+    "RecentCosts",
+    "StepCostModel",
+    "attention_cost",
+    "imbalance",
+    "pick",
+    "target_quantile",
+]
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 #: Recent pack costs a rank remembers for its quantiles.
@@ -33,6 +45,45 @@ HISTORY = 2048
 def attention_cost(lengths: Sequence[int]) -> int:
     """Sum of squared source lengths: what causal varlen attention spends on a pack."""
     return sum(n * n for n in lengths)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StepCostModel:
+    """Training FLOPs of one C-wide pack of a dense decoder (forward + backward = 3x forward)::
+
+        per layer, forward:  2*C*(4*h*h + 3*h*f)     linear: QKV + output, SwiGLU MLP
+                           + 2*h*sum(L_i**2)         causal attention (QK^T and PV, halved)
+
+    ``f`` is the SwiGLU width of the Llama rule (8h/3 rounded up to 256: 11008 for h=4096).
+    The defaults are a 7B (h=4096, 32 layers). The linear part is the same for every pack
+    (every pack is C tokens), so it only sets how much attention differences weigh: at
+    C=4096 one 4,096-token conversation adds 8 % to a 7B's pack and 33 % to a 1B-wide one
+    (h=1024). Grouped-query attention and the vocabulary projection are linear in C too and
+    left out: they add the same to every pack.
+
+    Args:
+        hidden_size: The model's hidden size h.
+        num_layers: Its decoder layers.
+    """
+
+    hidden_size: int = 4096
+    num_layers: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        return 256 * math.ceil(8 * self.hidden_size / 3 / 256)
+
+    def pack_flops(self, lengths: Sequence[int], *, capacity: int) -> int:
+        """Training FLOPs of a pack ``capacity`` tokens wide holding sources of ``lengths``."""
+        h = self.hidden_size
+        linear = 2 * capacity * (4 * h * h + 3 * h * self.ffn_hidden_size)
+        return 3 * self.num_layers * (linear + 2 * h * attention_cost(lengths))
 
 
 def target_quantile(step: int, seed: int = 0) -> float:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from energon_packing.schema import SOURCE_IDS, TOKEN_MASK, PackContractError, is_empty
-from energon_packing.trainer.ranks import FILLER_KEY
+from energon_packing.trainer.ranks import FILLER_KEY, collective_device
 from energon_packing.trainer.shim import Microbatch
 
 __all__ = [
@@ -234,16 +234,6 @@ class StepLoss:
         return self(shifted_loss_sum(logits, item["labels"], weights_of(item)))
 
 
-def _device(group: Any) -> torch.device:
-    """Where a collective over ``group`` takes its tensors: NCCL only handles CUDA ones."""
-    import torch.distributed as dist
-
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and "cpu:" not in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _world(group: Any) -> tuple[Any, int]:
     """The process group to reduce over and its size; no group: one rank."""
     import torch.distributed as dist
@@ -305,7 +295,7 @@ def step_loss(
         vector = torch.tensor(
             [local.packs, local.conversations, local.trained_tokens, local.loss_weight],
             dtype=torch.float64,
-            device=_device(group),
+            device=collective_device(group),
         )
         dist.all_reduce(vector, group=group)
         packs, conversations, tokens, weight = vector.tolist()

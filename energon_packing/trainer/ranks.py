@@ -10,8 +10,10 @@ import numpy as np
 import torch
 
 from energon_packing.schema import (
+    INPUT_IDS,
     PACKING_METRICS,
     PACKING_SKIPPED,
+    POSITION_IDS,
     PackContractError,
     Source,
     collate,
@@ -24,6 +26,16 @@ from energon_packing.trainer.shim import MICRO_BATCH_LENGTHS, Microbatch
 __all__ = ["FILLER_KEY", "align_ranks", "check_microbatches", "filler_batch"]
 
 FILLER_KEY = "__filler__"
+
+
+def collective_device(group: Any) -> torch.device:
+    """Where a collective over ``group`` takes its tensors: NCCL only handles CUDA ones."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "cpu:" not in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict:
@@ -39,12 +51,23 @@ def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict
 
 
 def align_ranks(
-    batches: Any, *, capacity: int, pad_id: int = 0, mrope: bool = False, group: Any = None
+    batches: Any,
+    *,
+    capacity: int | None = None,
+    pad_id: int = 0,
+    mrope: bool | None = None,
+    group: Any = None,
 ) -> Iterator[dict]:
     """Yields a rank's batches until *every* data-parallel rank is out of data; a rank that is
-    out early yields :func:`filler_batch` meanwhile. Ranks pack their own data, so their pack
-    counts differ by a few per epoch; without this the longer rank waits forever in its next
-    collective. One ``all_reduce`` of two ints per step.
+    out early yields :func:`filler_batch` meanwhile, so every rank runs the same number of
+    steps. Ranks pack their own data: over a finite pass (validation, ``repeat=False``) their
+    pack counts differ (63-87 packs of 500 long-tail conversations per rank at 128 ranks);
+    without this the longer ranks wait forever in their next collective. A repeating train
+    loader never runs out, so it never needs a filler. One ``all_reduce`` of four ints per
+    step (on the GPU under NCCL).
+
+    The filler's width and position layout are the packs' own, learnt from any rank's batches
+    (``capacity`` and ``mrope`` only for a pass in which no rank has a single batch).
 
     Accounting-only batches (zero rows) are not steps: their ``packing_skipped`` and
     ``packing_metrics`` ride on the next batch this rank yields (one last step of fillers on
@@ -52,28 +75,43 @@ def align_ranks(
     """
     import torch.distributed as dist
 
+    device = collective_device(group)
     source = iter(batches)
     skipped: list = []
     metrics: list = []
+    width, positions3 = capacity or 0, int(bool(mrope))
     while True:
         batch = next(source, None)
         while batch is not None and is_empty(batch):
             skipped.extend(batch.get(PACKING_SKIPPED, ()))
             metrics.extend(metrics_list(batch.get(PACKING_METRICS)))
             batch = next(source, None)
-        state = torch.tensor([0 if batch is None else 1, 1 if skipped or metrics else 0])
+        if batch is not None:
+            width = int(batch[INPUT_IDS].shape[-1])
+            positions3 = int(np.ndim(batch[POSITION_IDS]) == 3)
+        has_accounting = 1 if skipped or metrics else 0
+        state = torch.tensor(
+            [0 if batch is None else 1, has_accounting, width, positions3], device=device
+        )
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=group)
-        if not state.any():
+        if not state[:2].any():
             return
-        out = batch if batch is not None else filler_batch(capacity, pad_id=pad_id, mrope=mrope)
+        width, positions3 = int(state[2]), int(state[3])
+        if batch is None:
+            if not width:
+                raise PackContractError(
+                    "align_ranks: no rank had a batch to learn the filler's width from; pass "
+                    "capacity=max_input_seq_length (and mrope=True for mRoPE models)"
+                )
+            batch = filler_batch(width, pad_id=pad_id, mrope=bool(positions3))
         if skipped or metrics:
-            out = {
-                **out,
-                PACKING_SKIPPED: [*skipped, *out.get(PACKING_SKIPPED, ())],
-                PACKING_METRICS: [*metrics, *metrics_list(out.get(PACKING_METRICS))],
+            batch = {
+                **batch,
+                PACKING_SKIPPED: [*skipped, *batch.get(PACKING_SKIPPED, ())],
+                PACKING_METRICS: [*metrics, *metrics_list(batch.get(PACKING_METRICS))],
             }
             skipped, metrics = [], []
-        yield out
+        yield batch
 
 
 def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any = None) -> None:
@@ -82,7 +120,11 @@ def check_microbatches(batch_microbatches: Sequence[Microbatch], *, group: Any =
     import torch.distributed as dist
 
     widths = [int(mb.model_inputs["input_ids"].shape[-1]) for mb in batch_microbatches]
-    mine = torch.tensor([len(widths), sum(widths), max(widths, default=0)], dtype=torch.int64)
+    mine = torch.tensor(
+        [len(widths), sum(widths), max(widths, default=0)],
+        dtype=torch.int64,
+        device=collective_device(group),
+    )
     low, high = mine.clone(), mine.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
