@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mixes import generate  # noqa: E402
+from mixes import generate
 
-from energon_packing.packing.balance import StepCostModel  # noqa: E402
-from energon_packing.testing.ranks import simulate_ranks, split_ranks  # noqa: E402
+from energon_packing.packing.balance import StepCostModel
+from energon_packing.testing.ranks import simulate_ranks, split_ranks
 
 C = 4096
 
