@@ -72,3 +72,32 @@ def test_a_single_dataset_keeps_bare_keys(blend):
     ids, skipped = _epoch(blend / "alpha", 0)
     assert sorted(ids) == [f"conv{i:06d}" for i in range(N)]
     assert [(key, reason) for key, reason in skipped] == [("broken", "malformed_json")]
+
+
+def test_a_restore_after_a_blended_shard_changed_names_that_shard(blend, tmp_path):
+    """The checkpoint holds every blended dataset's shards (alpha once, though it is blended
+    twice): cutting one of beta's refuses the restore by its path."""
+    import shutil
+
+    from energon_packing import ShardChangedError
+
+    root = tmp_path / "blend"
+    shutil.copytree(blend, root, copy_function=shutil.copy2)
+
+    def loader():
+        te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096, carry=True)
+        return loader_batches(root / "blend.yaml", te, buffer=16, savable=True)
+
+    first = loader()
+    batches = iter(first)
+    next(batches)
+    state = first.save_state_rank()
+    del batches
+    alpha, beta = (sorted((root / name / "shards").glob("*.tar")) for name in ("alpha", "beta"))
+    assert f"[{alpha[0].stat().st_size}, {alpha[0].stat().st_mtime_ns}, " in repr(state)
+    shard = beta[-1]
+    shard.write_bytes(shard.read_bytes()[:1024])
+    restored = loader()
+    with pytest.raises(ShardChangedError, match=f"{shard} is 1,024 bytes where it was"):
+        restored.restore_state_rank(state)
+        next(iter(restored))
