@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from energon_packing.packing.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm
-from energon_packing.packing.balance import StepCostModel
 from energon_packing.packing.carry import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_CARRIES,
@@ -214,13 +213,6 @@ class PackingKnobs:
         "shared by all data-parallel ranks; 0 = off",
         related="DP size; 32-128",
     )
-    balance_hidden_size: int = _knob(
-        4096,
-        effect="hidden size of the step-cost model balanced emission targets (training FLOPs: "
-        "the C tokens' linear layers plus attention over each conversation); smaller makes "
-        "attention weigh more",
-        related="the model's `hidden_size` (default: a 7B)",
-    )
     unpacked: bool = _knob(
         False,
         decides=False,  # packs or rows follow packing_buffer_size, which a restore must keep
@@ -255,13 +247,7 @@ class PackingKnobs:
         _flag("carry", self.carry)
         _flag("unpacked", self.unpacked)
         _integer("balance_window", self.balance_window, minimum=0)
-        _integer("balance_hidden_size", self.balance_hidden_size, minimum=1)
         self.policy()  # validates the carry knobs even while carry is off
-
-    def cost_model(self) -> StepCostModel:
-        """The step-cost model balanced emission targets."""
-        # depth scales every pack alike, so it cannot change which pack is emitted: the default
-        return StepCostModel(hidden_size=self.balance_hidden_size)
 
     def policy(self) -> CarryPolicy:
         return CarryPolicy(

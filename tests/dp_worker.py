@@ -125,3 +125,27 @@ def aligned(rank: int, world_size: int, init_method: str, out: str) -> None:
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"steps": steps, "filler": FILLER_KEY}, f)
+
+
+def aligned_rows(rank: int, world_size: int, init_method: str, out: str, rows: list) -> None:
+    """Rank r brings loader batches of ``rows[r]`` packs each (a list per rank)."""
+    import torch.distributed as dist
+
+    from energon_packing.schema import PackContractError, Source, collate, layout
+    from energon_packing.trainer import align_ranks
+
+    def batch(n):
+        source = Source(key=f"r{rank}", input_ids=[7] * 5, token_mask=[1.0] * 5)
+        return collate([layout([source], width=16, pad_multiple=1, pad_id=0)] * n)
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    try:
+        try:
+            outcome = [b["source_ids"] for b in align_ranks([batch(n) for n in rows[rank]])]
+        except PackContractError as e:
+            outcome = str(e)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(outcome, f)

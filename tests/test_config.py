@@ -257,11 +257,6 @@ KNOB_CASES = {
     "carry_min_fill": (CARRY, {**CARRY, "carry_min_fill": 0.5}),
     "carry_budget": (CARRY, {**CARRY, "carry_budget": 0.1}),
     "balance_window": ({}, {"balance_window": 4}, observe_loader),
-    "balance_hidden_size": (
-        {"balance_window": 4},
-        {"balance_window": 4, "balance_hidden_size": 64},  # attention weighs more: other picks
-        observe_loader,
-    ),
     "unpacked": ({}, {"unpacked": True}, observe_unbuffered),
     "special_token_text": ({}, {"special_token_text": "skip"}),
     "max_text_chars": ({}, {"max_text_chars": 2000}),

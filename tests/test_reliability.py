@@ -409,6 +409,21 @@ def test_aligned_ranks_run_equal_steps_with_fillers_shaped_like_the_packs(tmp_pa
 
 
 @S  # two gloo processes
+def test_aligned_batches_of_several_packs_get_fillers_as_wide_or_an_error(tmp_path):
+    import dp_worker
+
+    spawn_ranks(dp_worker.aligned_rows, 2, tmp_path, str(tmp_path / "a"), [[2, 2], [2]])
+    outcome = [json.loads((tmp_path / f"a.{r}").read_text()) for r in range(2)]
+    assert outcome[1] == [[["r1"], ["r1"]], [["__filler__"], ["__filler__"]]]
+    (tmp_path / "b").mkdir()  # a rendezvous of its own
+    spawn_ranks(dp_worker.aligned_rows, 2, tmp_path / "b", str(tmp_path / "b"), [[2, 2], [2, 1]])
+    for rank in range(2):  # a short last batch: every rank raises, none hangs
+        assert "ranks bring batches of 1 to 2 packs at this step" in json.loads(
+            (tmp_path / f"b.{rank}").read_text()
+        )
+
+
+@S  # two gloo processes
 def test_a_shape_mismatch_is_an_error_not_a_hang(tmp_path):
     import dp_worker
 

@@ -8,6 +8,7 @@ name the knob and both values.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -180,3 +181,45 @@ def test_with_workers_the_refusal_comes_from_the_worker_before_any_reread():
     restored.restore_state_rank(state)
     with pytest.raises(RestoreMismatchError, match="max_turns=9,.*max_turns=1"):
         next(iter(restored))
+
+
+def _old_units(node, empty, per_square):
+    """The state as release 0.3 saved it: balance costs as sums of squared lengths."""
+    if isinstance(node, dict):
+        out = type(node)({k: _old_units(v, empty, per_square) for k, v in node.items()})
+        loop = out.get("_loop_state")
+        if isinstance(loop, dict):
+            for name in ("history", "pool_costs"):
+                loop[name] = [(v - empty) // per_square for v in loop[name]]
+            _old_units.found += 1
+        return out
+    if isinstance(node, list | tuple):
+        return type(node)(_old_units(v, empty, per_square) for v in node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return dataclasses.replace(
+            node,
+            **{
+                f.name: _old_units(getattr(node, f.name), empty, per_square)
+                for f in dataclasses.fields(node)
+                if f.init
+            },
+        )
+    return node
+
+
+def test_a_balanced_state_saved_in_attention_units_restores_to_the_same_packs():
+    from types import SimpleNamespace
+
+    knobs = {**BASE, "balance_window": 4}
+    saved = _saved(knobs)[0]
+    whole = _loader(PackingTaskEncoder(**knobs))
+    expected = [b["source_ids"] for b in itertools.islice(iter(whole), 6)][2:]
+    te = PackingTaskEncoder(**knobs)
+    empty = te.pack_cost([])
+    per_square = te.pack_cost([SimpleNamespace(length=1)]) - empty
+    _old_units.found = 0
+    state = _old_units(saved, empty, per_square)
+    assert _old_units.found  # the loop's costs were rewritten
+    restored = _loader(PackingTaskEncoder(**knobs))
+    restored.restore_state_rank(state)
+    assert [b["source_ids"] for b in itertools.islice(iter(restored), 4)] == expected

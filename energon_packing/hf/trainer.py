@@ -31,7 +31,6 @@ import torch
 
 from energon_packing.hf.inputs import to_hf
 from energon_packing.schema import INPUT_IDS, PACKING_SKIPPED, SOURCE_IDS, is_empty
-from energon_packing.trainer import align_ranks
 from energon_packing.trainer.loss import (
     DEFAULT_DENOMINATOR,
     LOSS_WEIGHTS,
@@ -50,11 +49,9 @@ class HFPacks:
     """An Energon loader's batches as ``Trainer`` batches: one pack per batch.
 
     Iterable (not a ``torch`` dataset; it has no length, so the ``Trainer`` needs ``max_steps``).
-    Accounting-only batches are not steps; :attr:`skipped` counts every skip by reason. Under
-    ``torch.distributed`` with several processes the batches go through
-    :func:`~energon_packing.trainer.align_ranks`: a loader that does not repeat ends on every
-    process at the same step (a process out of packs first runs filler packs, nothing trained),
-    never with one process waiting for the others forever.
+    Accounting-only batches are not steps; :attr:`skipped` counts every skip by reason. Give it
+    a train loader that repeats (``get_train_dataset``'s default): a rank that runs out of packs
+    before ``max_steps`` stops the job (the others would wait for it forever).
 
     Args:
         batches: The loader (or any iterable of loader batches).
@@ -74,10 +71,7 @@ class HFPacks:
         self.skipped: Counter = Counter()
 
     def __iter__(self) -> Iterator[dict]:
-        batches = self.batches
-        if _processes() > 1:
-            batches = align_ranks(batches)
-        for batch in batches:
+        for batch in self.batches:
             self.skipped.update(reason for _, reason in batch.get(PACKING_SKIPPED, ()))
             if is_empty(batch):
                 continue
@@ -88,12 +82,6 @@ class HFPacks:
                     LOSS_WEIGHTS: inputs.loss_weights,
                     SOURCE_IDS: list(inputs.source_ids),
                 }
-
-
-def _processes() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class PackedLossMixin:
@@ -154,7 +142,13 @@ class PackedLossMixin:
         if self.args.world_size > 1:
             import torch.distributed as dist
 
-            group = dist.group.WORLD  # HFPacks' processes end a pass at the same step
+            group = dist.group.WORLD
+            if len(batch_samples) < num_batches and isinstance(self.train_dataset, HFPacks):
+                raise RuntimeError(
+                    f"HFPacks ran out of packs on rank {self.args.process_index} "
+                    f"({len(batch_samples)} of {num_batches} for this step) while other ranks "
+                    f"may go on: build the train loader with repeat=True (Energon's default)"
+                )
             if not self.args.average_tokens_across_devices and not self._warned:
                 self._warned = True
                 logger.warning(

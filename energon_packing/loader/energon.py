@@ -224,7 +224,22 @@ class CarryPackingDataset(PackingDataset):
             loop = state["_loop_state"]
             state = FlexState({**state, "_pre_packing_lengths": list(loop["pending"])})
             state.setdefault("_sample_encoder_sample_index", 0)
+        if state is not None and state.get("_loop_state"):
+            state = FlexState({**state, "_loop_state": self._in_flops(dict(state["_loop_state"]))})
         super().restore_state(state)
+
+    def _in_flops(self, loop: dict) -> dict:
+        """Balance costs saved by release 0.3 were sums of squared lengths; this release prices
+        packs in FLOPs (``pack_cost``), an affine map of that sum at a fixed C. A saved cost
+        below an empty pack's price is an old one: it is mapped, so targets and pools agree."""
+        from types import SimpleNamespace
+
+        empty = self.loop.pack_cost([])
+        per_square = self.loop.pack_cost([SimpleNamespace(length=1)]) - empty
+        for name in ("history", "pool_costs"):
+            values = loop.get(name) or []
+            loop[name] = [empty + per_square * v if v < empty else v for v in values]
+        return loop
 
     @property
     def _pre_packing_lengths(self) -> list[int]:
@@ -382,8 +397,8 @@ def compare_shards(saved: Fingerprint, paths: list[str], current: Fingerprint) -
             when = datetime.datetime.fromtimestamp(mtime / 1e9, datetime.UTC)
             what = f"was modified (same size; mtime {when:%Y-%m-%d %H:%M:%S} UTC in the checkpoint)"
             fix += (
-                f" (if only its mtime changed, a copy without -p: `touch -d @{mtime / 1e9:.9f} "
-                f"{path}`)"
+                f" (if only its mtime changed, a copy without -p: `touch -d "
+                f"@{mtime // 10**9}.{mtime % 10**9:09d} {path}`)"
             )
         raise ShardChangedError(
             f"{path} {what} since the checkpoint was saved: resuming would read the old byte "

@@ -67,6 +67,7 @@ in one pack or in the skip report" holds from the tar bytes up.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -437,8 +438,25 @@ def scan_dataset(path: Path | str, *, shards: Sequence[str] | None = None) -> Sc
     """
     root = Path(path)
     scan = Scan(path=root)
-    seen: dict[str, tuple[str, int]] = {}  # key -> (shard, offset) of its first sample
-    for name in shards if shards is not None else shard_paths(root):
+    # the scan allocates a few objects per sample and creates no cycles: Python's collector
+    # would walk every live one again and again (60 % of the CPU at 1M conversations)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _scan_shards(root, scan, shards if shards is not None else shard_paths(root))
+    finally:
+        if collecting:
+            gc.enable()
+    order = {name: i for i, name in enumerate(s.shard for s in scan.shards)}
+    scan.findings.sort(key=lambda f: (order[f.shard], f.offset))
+    return scan
+
+
+def _scan_shards(root: Path, scan: Scan, names: Sequence[str]) -> None:
+    seen: dict[
+        str, int
+    ] = {}  # key -> its shard (in scan.shards) << 40 | offset of its first sample
+    for name in names:
         if name.endswith(".tgz"):
             logger.warning("%s is compressed: not scanned (only plain .tar shards are)", name)
             continue
@@ -448,7 +466,7 @@ def scan_dataset(path: Path | str, *, shards: Sequence[str] | None = None) -> Sc
         # keys repeated apart: Energon's index holds each key once (UNIQUE), prepare refuses
         for key, first_offset in summary.keys:
             if key in seen:
-                where, at = seen[key]
+                where, at = scan.shards[seen[key] >> 40].shard, seen[key] & (2**40 - 1)
                 scan.findings.append(
                     Finding(
                         shard=name,
@@ -461,10 +479,8 @@ def scan_dataset(path: Path | str, *, shards: Sequence[str] | None = None) -> Sc
                     )
                 )
             else:
-                seen[key] = (name, first_offset)
-    order = {name: i for i, name in enumerate(s.shard for s in scan.shards)}
-    scan.findings.sort(key=lambda f: (order[f.shard], f.offset))
-    return scan
+                seen[key] = (len(scan.shards) - 1) << 40 | first_offset
+        summary.keys = []  # consumed: a million (key, offset) pairs need not outlive the scan
 
 
 def _entry(f: Finding) -> dict:

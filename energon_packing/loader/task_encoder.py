@@ -55,6 +55,7 @@ from energon_packing.loader.samples import (
     cook_conversation,
 )
 from energon_packing.packing.algorithms import round_up, select_packs
+from energon_packing.packing.balance import StepCostModel
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
     PACKING_BUFFER_FIX,
@@ -149,7 +150,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         # not apply to this path is named before any conflict it has with another
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
-        self._cost_model = self.config.packing.cost_model()
+        self._cost_model = StepCostModel()  # a 7B's; see its docstring for why no knob
         self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
         #: the built-in layout's tokenizer (None on a processor path)
         self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
@@ -266,7 +267,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return selection
 
     def pack_cost(self, samples: list[EncodedConversation]) -> int:
-        """Training FLOPs of a group as a pack (``config.packing.cost_model()``), for balanced
+        """Training FLOPs of a group as a pack (:class:`StepCostModel`), for balanced
         emission."""
         return self._cost_model.pack_flops(
             [s.length for s in samples], capacity=self.config.max_input_seq_length

@@ -56,10 +56,13 @@ class StepCostModel:
 
     ``f`` is the SwiGLU width of the Llama rule (8h/3 rounded up to 256: 11008 for h=4096).
     The defaults are a 7B (h=4096, 32 layers). The linear part is the same for every pack
-    (every pack is C tokens), so it only sets how much attention differences weigh: at
-    C=4096 one 4,096-token conversation adds 8 % to a 7B's pack and 33 % to a 1B-wide one
-    (h=1024). Grouped-query attention and the vocabulary projection are linear in C too and
-    left out: they add the same to every pack.
+    (every pack is C tokens), so it sets how much attention differences weigh in a step's
+    cost: at C=4096 one 4,096-token conversation adds 8 % to a 7B's pack and 33 % to a model
+    with h=1024. For emission the model is an affine map of the attention cost (same C), so
+    which pack is emitted hardly depends on h (identical packs for h from 512 to 16384 over
+    the sample data): the package uses a 7B's and offers no knob. Grouped-query attention
+    and the vocabulary projection are linear in C too and left out: they add the same to
+    every pack.
 
     Args:
         hidden_size: The model's hidden size h.

@@ -38,16 +38,16 @@ def collective_device(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False) -> dict:
-    """A prepacked batch of one all-padding pack (nothing trained): what a data-parallel rank
-    that ran out of data runs while the others finish, so collectives stay in step."""
+def filler_batch(capacity: int, *, pad_id: int = 0, mrope: bool = False, rows: int = 1) -> dict:
+    """A prepacked batch of ``rows`` all-padding packs (nothing trained): what a data-parallel
+    rank that ran out of data runs while the others finish, so collectives stay in step."""
     filler = Source(
         key=FILLER_KEY,
         input_ids=[pad_id],
         token_mask=[0.0],
         positions=np.zeros((3, 1), dtype=np.int64) if mrope else None,
     )
-    return collate([layout([filler], width=capacity, pad_multiple=1, pad_id=pad_id)])
+    return collate([layout([filler], width=capacity, pad_multiple=1, pad_id=pad_id)] * rows)
 
 
 def align_ranks(
@@ -63,8 +63,10 @@ def align_ranks(
     steps. Ranks pack their own data: over a finite pass (validation, ``repeat=False``) their
     pack counts differ (63-87 packs of 500 long-tail conversations per rank at 128 ranks);
     without this the longer ranks wait forever in their next collective. A repeating train
-    loader never runs out, so it never needs a filler. One ``all_reduce`` of four ints per
-    step (on the GPU under NCCL).
+    loader never runs out, so it never needs a filler. One ``all_reduce`` of six ints per
+    step (on the GPU under NCCL). Ranks whose batches hold different numbers of packs at a
+    step (the short last batch of a loader with ``batch_size`` > 1) raise
+    :class:`PackContractError` together.
 
     The filler's width and position layout are the packs' own, learnt from any rank's batches
     (``capacity`` and ``mrope`` only for a pass in which no rank has a single batch).
@@ -86,24 +88,41 @@ def align_ranks(
             skipped.extend(batch.get(PACKING_SKIPPED, ()))
             metrics.extend(metrics_list(batch.get(PACKING_METRICS)))
             batch = next(source, None)
+        rows = 0
         if batch is not None:
+            rows = int(batch[INPUT_IDS].shape[0])
             width = int(batch[INPUT_IDS].shape[-1])
             positions3 = int(np.ndim(batch[POSITION_IDS]) == 3)
         has_accounting = 1 if skipped or metrics else 0
+        # MAX of -rows over the ranks that have a batch is minus their fewest rows
         state = torch.tensor(
-            [0 if batch is None else 1, has_accounting, width, positions3], device=device
+            [
+                int(batch is not None),
+                has_accounting,
+                width,
+                positions3,
+                rows,
+                -rows if rows else -(2**40),
+            ],
+            device=device,
         )
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=group)
         if not state[:2].any():
             return
-        width, positions3 = int(state[2]), int(state[3])
+        width, positions3, most = int(state[2]), int(state[3]), int(state[4])
+        if state[0] and most != -int(state[5]):
+            raise PackContractError(
+                f"align_ranks: data-parallel ranks bring batches of {-int(state[5])} to {most} "
+                f"packs at this step (rank {dist.get_rank(group)}: {rows}); a pass's last "
+                f"batch is short. Build the loader with batch_size=1 (one pack per microbatch)"
+            )
         if batch is None:
             if not width:
                 raise PackContractError(
                     "align_ranks: no rank had a batch to learn the filler's width from; pass "
                     "capacity=max_input_seq_length (and mrope=True for mRoPE models)"
                 )
-            batch = filler_batch(width, pad_id=pad_id, mrope=bool(positions3))
+            batch = filler_batch(width, pad_id=pad_id, mrope=bool(positions3), rows=max(most, 1))
         if skipped or metrics:
             batch = {
                 **batch,
