@@ -255,6 +255,10 @@ class PackingKnobs:
         )
 
 
+#: What a restore compares of each shard (``shard_check``).
+SHARD_CHECKS = ("strict", "size")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class SampleKnobs:
     """Which conversations are accepted (limits checked before any tokenizing or decoding),
@@ -309,8 +313,19 @@ class SampleKnobs:
         "the skip reasons and counts (never a silent hang); None = never",
     )
 
+    shard_check: str = _knob(
+        "strict",
+        decides=False,
+        choices=SHARD_CHECKS,
+        effect="what a restore compares of each shard with the checkpoint before resuming (a "
+        "change raises `ShardChangedError`): `strict` size, mtime and sample count; `size` "
+        "size and count (a dataset copied without its mtimes, e.g. staged to local disk)",
+        related="`cp -p` / `rsync -a` keep mtimes",
+    )
+
     def __post_init__(self) -> None:
         _choice("overlong", self.overlong, OVERLONG_POLICIES)
+        _choice("shard_check", self.shard_check, SHARD_CHECKS)
         _choice("special_token_text", self.special_token_text, SPECIAL_TOKEN_TEXT)
         for name in ("max_text_chars", "max_turns", "max_images", "max_skips_without_pack"):
             _integer(name, getattr(self, name), minimum=1, optional=True)

@@ -209,6 +209,41 @@ def observe_unbuffered(**knobs):
     return batch["source_ids"], "cu_seqlens" in batch
 
 
+def observe_touched_restore(**knobs):
+    """A restore after a shard's mtime changed (its bytes did not): the refusal, or the packs
+    of the resumed epoch."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from helpers import SAMPLE_DATA, loader_batches
+
+    from energon_packing import ShardChangedError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "data"
+        shutil.copytree(SAMPLE_DATA, path, copy_function=shutil.copy2)
+
+        def loader():
+            te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=2048, **knobs)
+            return loader_batches(path, te, buffer=32, savable=True)
+
+        first = loader()
+        batches = iter(first)
+        next(batches)
+        state = first.save_state_rank()
+        del batches
+        shard = sorted(path.rglob("*.tar"))[0]
+        os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+        restored = loader()
+        try:
+            restored.restore_state_rank(state)
+            return [b["source_ids"][0] for b in itertools.islice(iter(restored), 3)]
+        except ShardChangedError as e:
+            return str(e).split(" since ")[0].rsplit("/", 1)[-1]
+
+
 def observe_processor(**knobs):
     """Token ids of the samples through a Qwen2-VL processor (the processor-path knobs)."""
     from energon_packing.testing.families import build
@@ -270,6 +305,7 @@ KNOB_CASES = {
         observe_processor,
     ),
     "max_skips_without_pack": ({}, {"max_skips_without_pack": 2}, observe_stop),
+    "shard_check": ({}, {"shard_check": "size"}, observe_touched_restore),
 }
 
 

@@ -149,3 +149,37 @@ def test_a_touched_shard_names_the_mtime_that_restores_it(pristine, tmp_path):
     command = str(info.value).split("`")[1]
     subprocess.run(shlex.split(command), check=True)
     assert resume()  # the rest of the epoch
+
+
+@pytest.mark.parametrize("check, resumes", [("size", {"touched"}), ("strict", set())])
+def test_shard_check_relaxes_what_a_restore_compares(pristine, tmp_path, check, resumes):
+    """``shard_check='size'`` lets a shard copied without its mtime resume and still refuses
+    a cut one."""
+    for kind in ("touched", "cut"):
+        path = tmp_path / kind
+        shutil.copytree(pristine, path, copy_function=shutil.copy2)
+        knobs = {**KNOBS, "shard_check": check}
+        loader = loader_batches(path, PackingTaskEncoder(**knobs), savable=True)
+        batches = iter(loader)
+        next(batches)
+        state = loader.save_state_rank()
+        del batches
+        CHANGES[kind](path / "shards" / "shard-00001.tar")
+        restored = loader_batches(path, PackingTaskEncoder(**knobs), savable=True)
+        if kind in resumes:
+            restored.restore_state_rank(state)
+            assert [row for batch in restored for row in batch["source_ids"]]
+        else:
+            with pytest.raises(ShardChangedError, match=MESSAGES[kind]):
+                restored.restore_state_rank(state)
+                next(iter(restored))
+
+
+def test_a_shard_that_cannot_be_stated_is_named_in_a_warning(pristine, tmp_path, caplog):
+    path = tmp_path / "data"
+    shutil.copytree(pristine, path, copy_function=shutil.copy2)
+    (path / "shards" / "shard-00002.tar").unlink()
+    with caplog.at_level("WARNING", logger="energon_packing"):
+        loader_batches(path, PackingTaskEncoder(**KNOBS), savable=True)
+    assert "1 of 3 shards cannot be stat'ed (e.g. " in caplog.text
+    assert "shard-00002.tar: missing, or remote storage)" in caplog.text

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import tarfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -61,6 +62,8 @@ __all__ = [
     "ShardChangedError",
     "check_energon",
 ]
+
+logger = logging.getLogger("energon_packing")
 
 ENERGON_VERSION = version("megatron-energon")
 #: The releases the loader tests pass on (``.ci/run`` runs them on both ends of the range).
@@ -351,6 +354,7 @@ def shard_fingerprint(datasets: Any) -> tuple[list[str], Fingerprint]:
     paths: list[str] = []
     prints: Fingerprint = []
     seen: set[str] = set()
+    unreadable: list[str] = []
     for loaded in datasets or ():
         factory = getattr(loaded, "dataset", loaded)
         for entry in getattr(factory, "shards", None) or ():
@@ -364,14 +368,27 @@ def shard_fingerprint(datasets: Any) -> tuple[list[str], Fingerprint]:
                     size, mtime = stat.st_size, stat.st_mtime_ns
                 except OSError:
                     size = mtime = -1
+                    unreadable.append(path)
                 paths.append(path)
                 prints.append([size, mtime, int(shard.count)])
+    if unreadable:
+        logger.warning(
+            "%d of %d shards cannot be stat'ed (e.g. %s: missing, or remote storage): a restore "
+            "of this loader's state cannot tell whether they changed",
+            len(unreadable),
+            len(paths),
+            unreadable[0],
+        )
     return paths, prints
 
 
-def compare_shards(saved: Fingerprint, paths: list[str], current: Fingerprint) -> None:
+def compare_shards(
+    saved: Fingerprint, paths: list[str], current: Fingerprint, *, check: str = "strict"
+) -> None:
     """Raises :class:`ShardChangedError` naming the first shard whose fingerprint differs from
-    the checkpoint's, what changed and the fix."""
+    the checkpoint's, what changed and the fix. ``check``: ``"strict"`` compares size, mtime
+    and sample count, ``"size"`` size and count (the ``shard_check`` knob). There is no "off":
+    Energon's replay over a changed shard fails or, with workers, loses conversations."""
     import datetime
 
     restart = (
@@ -384,7 +401,7 @@ def compare_shards(saved: Fingerprint, paths: list[str], current: Fingerprint) -
             f"{len(current)}: it was re-prepared since. Restore the dataset as it was, {restart}"
         )
     for path, (size, mtime, count), now in zip(paths, saved, current, strict=True):
-        if [size, mtime, count] == now:
+        if [size, mtime, count] == now or (check == "size" and [size, count] == now[::2]):
             continue
         fix = "Put the shard back as it was"
         if now[0] < 0:
@@ -398,7 +415,8 @@ def compare_shards(saved: Fingerprint, paths: list[str], current: Fingerprint) -
             what = f"was modified (same size; mtime {when:%Y-%m-%d %H:%M:%S} UTC in the checkpoint)"
             fix += (
                 f" (if only its mtime changed, a copy without -p: `touch -d "
-                f"@{mtime // 10**9}.{mtime % 10**9:09d} {path}`)"
+                f"@{mtime // 10**9}.{mtime % 10**9:09d} {path}`, or shard_check='size' for a "
+                f"dataset staged without its mtimes)"
             )
         raise ShardChangedError(
             f"{path} {what} since the checkpoint was saved: resuming would read the old byte "
@@ -447,6 +465,7 @@ class PackingGuard(BaseWrapperDataset):
         tail: Callable[[], Any] | None,
         losses: LossReport | None = None,
         shards: tuple[list[str], Fingerprint] | None = None,
+        shard_check: str = "strict",
         worker_config: WorkerConfig,
     ):
         super().__init__(dataset, worker_config=worker_config)
@@ -455,6 +474,7 @@ class PackingGuard(BaseWrapperDataset):
         self.tail = tail
         self.losses = losses
         self.shard_paths, self.shards = shards or ([], None)
+        self.shard_check = shard_check
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
@@ -467,7 +487,7 @@ class PackingGuard(BaseWrapperDataset):
             compare_settings(dict(state["_settings"]), self.settings, self.rules)
         saved = state.get("_shards") if state is not None else None
         if saved is not None and self.shards is not None:
-            compare_shards(saved, self.shard_paths, self.shards)
+            compare_shards(saved, self.shard_paths, self.shards, check=self.shard_check)
         if state is not None and "_shards" not in state:  # saved by release 0.3
             state = FlexState({**state, "_shards": self.shards})
         if state is not None and "_losses_reported" not in state:  # saved by release 0.2

@@ -366,6 +366,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             tail=self._tail if batch_size is not None else None,
             losses=losses,
             shards=self._pending_shards,
+            shard_check=self.config.shard_check,
             worker_config=worker_config,
         )
 
