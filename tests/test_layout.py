@@ -25,7 +25,14 @@ def _other_adapters(room: str) -> tuple[str, ...]:
 #: top-level modules schema/config/stats/errors form the room "core").
 FORBIDDEN = {
     "packing": ("torch", "numpy", "megatron", "PIL", "transformers", "energon_packing."),
-    "encoding": ("torch", "megatron", "energon_packing.loader", "energon_packing.trainer"),
+    "encoding": (
+        "torch",
+        "megatron",
+        "energon_packing.loader",
+        "energon_packing.trainer",
+        "energon_packing.media",  # it imports torch
+    ),
+    "media": ("megatron", "energon_packing."),
     "core": (
         "megatron",
         "energon_packing.loader",
@@ -47,15 +54,25 @@ FORBIDDEN = {
     "testing": ("energon_packing.tools",),
 }
 #: nothing in the library imports the tooling, the test support, or an adapter
-LIBRARY = ("packing", "encoding", "core", "loader", "trainer", "nemo_rl", "hf", "megatron_bridge")
-BELOW_ADAPTERS = ("packing", "encoding", "core", "loader", "trainer")
+LIBRARY = (
+    "packing",
+    "encoding",
+    "media",
+    "core",
+    "loader",
+    "trainer",
+    "nemo_rl",
+    "hf",
+    "megatron_bridge",
+)
+BELOW_ADAPTERS = ("packing", "encoding", "media", "core", "loader", "trainer")
 EVERYWHERE = {
     room: ("energon_packing.tools", "energon_packing.testing")
     + (ADAPTERS if room in BELOW_ADAPTERS else ())
     for room in LIBRARY
 }
 #: the packing core may import itself
-ALLOWED_INSIDE = {"packing": ("energon_packing.packing",)}
+ALLOWED_INSIDE = {"packing": ("energon_packing.packing",), "media": ("energon_packing.media",)}
 #: Energon's public surface; everything deeper is an internal, used in one module only
 ENERGON_PUBLIC = ("megatron.energon", "megatron.energon.errors", "megatron.energon.cli.main")
 ENERGON_INTERNALS_MODULE = "energon_packing/loader/energon.py"

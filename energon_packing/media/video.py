@@ -1,0 +1,361 @@
+"""Videos as the Qwen2-VL, Qwen2.5-VL and Qwen3-VL video processors see them, without
+torchvision (it does not import beside the CPU torch wheel, and transformers' video processors
+need it).
+
+Four steps, each the family's own rule (transformers 5.24, read from its code):
+
+* :func:`probe`: the container header, no decode: frame count, fps, size (0.3-3 ms). Matroska
+  and WebM headers carry no frame count: their video packets are counted by demuxing.
+* :meth:`VideoRule.indices`: the frames the processor samples (Qwen2/2.5: an ``arange`` of
+  float steps over ``fps``-derived counts, or every frame when ``do_sample_frames`` is off;
+  Qwen3: ``linspace``), and :meth:`VideoRule.size`: ``smart_resize`` (Qwen3's budget counts
+  the frames). So :meth:`VideoRule.grid` and :meth:`VideoRule.tokens` come from the header.
+* :func:`decode`: the sampled frames, decoded with PyAV as transformers' pyav loader decodes
+  them (``rgb24``, the i-th decoded frame).
+* :func:`process`: the processor's tensor path: uint8 bicubic antialiased resize (torch's own
+  kernel, which torchvision calls), fused rescale and normalise in float32, the last frame
+  repeated to a multiple of the temporal patch, patchify.
+
+``pixel_values_videos`` and ``video_grid_thw`` are bit-equal to the real processors'
+(``tests/data/video/reference.json``, made once with torchvision present).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["FAMILIES", "VideoError", "VideoHeader", "VideoRule", "decode", "probe", "process"]
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+_HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+class VideoError(ValueError):
+    """A video that cannot be used, with the skip reason it counts under."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VideoHeader:
+    """What a container's header says about its first video stream."""
+
+    frames: int
+    fps: float
+    width: int
+    height: int
+    #: the frame count came from counting packets (Matroska / WebM headers carry none)
+    counted: bool = False
+
+
+def probe(data: bytes) -> VideoHeader:
+    """The header of the first video stream of ``data`` (no frame is decoded).
+
+    Raises:
+        VideoError: ``video_unreadable`` (not a container PyAV opens), ``video_no_stream``.
+    """
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise VideoError("video_no_stream", "the container holds no video stream")
+            stream = container.streams.video[0]
+            frames, counted = int(stream.frames or 0), False
+            if frames <= 0:
+                frames = sum(1 for packet in container.demux(stream) if packet.size)
+                counted = True
+            rate = stream.average_rate
+            return VideoHeader(
+                frames=frames,
+                fps=float(rate) if rate else 0.0,
+                width=int(stream.width),
+                height=int(stream.height),
+                counted=counted,
+            )
+    except VideoError:
+        raise
+    except Exception as e:  # PyAV raises its own FFmpeg error types, and OSError
+        raise VideoError("video_unreadable", f"{type(e).__name__}: {e}") from None
+
+
+def decode(data: bytes, indices: Sequence[int]) -> np.ndarray:
+    """The frames ``indices`` (ascending) of the first video stream, uint8 ``[T, H, W, 3]``
+    RGB, decoded as transformers' pyav loader does (the i-th frame the decoder yields).
+
+    Raises:
+        VideoError: ``video_corrupt`` when the stream ends before the last index.
+    """
+    import av
+
+    wanted = set(int(i) for i in indices)
+    last = max(wanted)
+    frames = {}
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            for i, frame in enumerate(container.decode(video=0)):
+                if i > last:
+                    break
+                if i in wanted:
+                    frames[i] = frame.to_ndarray(format="rgb24")
+    except Exception as e:
+        raise VideoError("video_corrupt", f"decoding failed: {type(e).__name__}: {e}") from None
+    if len(frames) < len(wanted):
+        raise VideoError(
+            "video_corrupt",
+            f"the stream decoded {len(frames)} of the {len(wanted)} sampled frames (up to frame "
+            f"{last}); the header promised more",
+        )
+    return np.stack([frames[int(i)] for i in indices])
+
+
+def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
+    """Qwen2-VL's ``smart_resize`` (per frame)."""
+    if max(height, width) / min(height, width) > 200:
+        raise VideoError(
+            "video_aspect", f"aspect ratio {max(height, width) / min(height, width):.0f} > 200"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _smart_resize_frames(
+    num_frames: int, height: int, width: int, temporal: int, factor: int, min_pixels, max_pixels
+):
+    """Qwen3-VL's ``smart_resize``: the pixel budget counts the frames."""
+    if num_frames < temporal:
+        raise VideoError("video_too_short", f"{num_frames} frames < temporal patch {temporal}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise VideoError(
+            "video_aspect", f"aspect ratio {max(height, width) / min(height, width):.0f} > 200"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+#: each family's video processor defaults (transformers 5.24 class attributes)
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": dict(
+        sample=False,
+        fps=None,
+        min_pixels=128 * 28 * 28,
+        max_pixels=28 * 28 * 768,
+        patch_size=14,
+        mean=_OPENAI_CLIP[0],
+        std=_OPENAI_CLIP[1],
+        max_video_tokens=128000,
+    ),
+    "qwen3_vl": dict(
+        sample=True,
+        fps=2.0,
+        min_pixels=128 * 32 * 32,
+        max_pixels=32 * 32 * 768,
+        patch_size=16,
+        mean=_HALF[0],
+        std=_HALF[1],
+        max_video_tokens=768,
+    ),
+}
+_DEFAULTS["qwen2_5_vl"] = dict(_DEFAULTS["qwen2_vl"])
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VideoRule:
+    """One family's video processor settings, and its rules over a :class:`VideoHeader`."""
+
+    family: str
+    sample: bool  # do_sample_frames
+    fps: float | None
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    mean: tuple[float, ...] = field(default=_OPENAI_CLIP[0])
+    std: tuple[float, ...] = field(default=_OPENAI_CLIP[1])
+    rescale_factor: float = 1 / 255
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128000
+
+    @classmethod
+    def of(cls, family: str, config: Mapping[str, Any] | Any = None) -> VideoRule:
+        """The family's defaults, overridden by a video processor's settings: its
+        ``video_preprocessor_config.json`` as a dict, or the processor object itself."""
+        if family not in FAMILIES:
+            raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
+        values = dict(_DEFAULTS[family])
+
+        def get(name: str) -> Any:
+            if isinstance(config, Mapping):
+                return config.get(name)
+            return getattr(config, name, None) if config is not None else None
+
+        size = get("size")
+        if size is not None:
+            size = dict(size) if isinstance(size, Mapping) else vars(size)
+            values["min_pixels"] = size.get("shortest_edge") or values["min_pixels"]
+            values["max_pixels"] = size.get("longest_edge") or values["max_pixels"]
+        renames = dict(
+            sample="do_sample_frames",
+            fps="fps",
+            num_frames="num_frames",
+            min_frames="min_frames",
+            max_frames="max_frames",
+            min_pixels="min_pixels",
+            max_pixels="max_pixels",
+            patch_size="patch_size",
+            temporal_patch_size="temporal_patch_size",
+            merge_size="merge_size",
+            mean="image_mean",
+            std="image_std",
+            rescale_factor="rescale_factor",
+            cap_pixels_per_frame="cap_pixels_per_frame",
+            max_video_tokens="max_video_tokens",
+        )
+        for ours, theirs in renames.items():
+            value = get(theirs)
+            if value is not None:
+                values[ours] = tuple(value) if ours in ("mean", "std") else value
+        for flag in ("do_resize", "do_rescale", "do_normalize"):
+            if get(flag) is False:
+                raise ValueError(f"{family}: {flag}=False is not supported for videos")
+        return cls(family=family, **values)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def indices(self, header: VideoHeader) -> np.ndarray:
+        """The frame indices the processor decodes (ascending)."""
+        total = header.frames
+        if total <= 0:
+            raise VideoError("video_empty", "the stream holds no frame")
+        if not self.sample:
+            return np.arange(total)
+        if self.family == "qwen3_vl":
+            count = self.num_frames
+            if count is None and self.fps is not None:
+                count = int(total / (header.fps or 24) * self.fps)
+                count = min(max(count, self.min_frames), self.max_frames, total)
+            if count is None:
+                count = min(max(total, self.min_frames), self.max_frames)
+            return np.linspace(0, total - 1, count).round().astype(int)
+        count, tps = self.num_frames, self.temporal_patch_size
+        if count is not None:
+            count = round(count / tps) * tps
+        elif self.fps is not None:
+            if not header.fps:
+                raise VideoError("video_no_fps", "sampling by fps needs the stream's frame rate")
+            most = math.floor(min(self.max_frames, total) / tps) * tps
+            count = total / header.fps * self.fps
+            count = math.floor(min(max(count, self.min_frames), most, total) / tps) * tps
+        if count is None:
+            return np.arange(total)
+        if count > total or count <= 0:
+            raise VideoError("video_too_short", f"{total} frames cannot give {count} samples")
+        return torch.arange(0, total, total / count).int().numpy()
+
+    def size(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """The resized frame size for ``frames`` sampled frames of ``height`` x ``width``."""
+        max_pixels = self.max_pixels
+        if self.family == "qwen3_vl":
+            if self.cap_pixels_per_frame:
+                cap = self.max_video_tokens * self.factor * self.factor
+                per_frame = max(min(cap, self.max_pixels // frames), int(self.min_pixels * 1.05))
+                max_pixels = per_frame * frames
+            return _smart_resize_frames(
+                frames,
+                height,
+                width,
+                self.temporal_patch_size,
+                self.factor,
+                self.min_pixels,
+                max_pixels,
+            )
+        if self.cap_pixels_per_frame:
+            total = int(self.max_video_tokens * self.factor * self.factor * 0.9)
+            max_pixels = max(
+                min(max_pixels, total * self.temporal_patch_size // frames),
+                int(self.min_pixels * 1.05),
+            )
+        return _smart_resize(height, width, self.factor, self.min_pixels, max_pixels)
+
+    def grid(self, header: VideoHeader) -> tuple[int, int, int]:
+        """``video_grid_thw`` of the video, from its header alone."""
+        frames = len(self.indices(header))
+        height, width = self.size(frames, header.height, header.width)
+        t = -(-frames // self.temporal_patch_size)
+        return t, height // self.patch_size, width // self.patch_size
+
+    def tokens(self, header: VideoHeader) -> int:
+        """Placeholder tokens the video expands to (before Qwen3's timestamps)."""
+        t, h, w = self.grid(header)
+        return t * h * w // (self.merge_size * self.merge_size)
+
+    def second_per_grid(self, header: VideoHeader) -> float:
+        """Qwen2.5-VL's ``second_per_grid_ts``: temporal patch / sampled fps."""
+        total = header.frames
+        sampled = len(self.indices(header)) / total * header.fps if header.fps else 24
+        return self.temporal_patch_size / sampled
+
+
+def process(frames: np.ndarray, rule: VideoRule) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``pixel_values_videos`` (float32 ``[t*h*w, 3*tp*p*p]``) and ``video_grid_thw`` of
+    uint8 ``[T, H, W, 3]`` frames, as the family's video processor computes them."""
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # T, C, H, W
+    count, _, height, width = video.shape
+    new_h, new_w = rule.size(count, height, width)
+    if (new_h, new_w) != (height, width):
+        # torchvision's resize on uint8 CPU tensors calls this kernel as it is (bicubic is native)
+        video = torch.nn.functional.interpolate(
+            video, size=[new_h, new_w], mode="bicubic", align_corners=False, antialias=True
+        )
+    mean = torch.tensor(rule.mean) * (1.0 / rule.rescale_factor)
+    std = torch.tensor(rule.std) * (1.0 / rule.rescale_factor)
+    video = video.to(torch.float32)
+    video = video.sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1)).unsqueeze(0)
+    tps, p, merge = rule.temporal_patch_size, rule.patch_size, rule.merge_size
+    if pad := -count % tps:
+        video = torch.cat((video, video[:, -1:].expand(-1, pad, -1, -1, -1)), dim=1)
+        count += pad
+    t, h, w = count // tps, new_h // p, new_w // p
+    patches = video.reshape(1, t, tps, 3, h // merge, merge, p, w // merge, merge, p)
+    patches = patches.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return patches.reshape(t * h * w, 3 * tps * p * p), (t, h, w)
