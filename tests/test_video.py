@@ -97,3 +97,78 @@ def test_what_is_no_video_is_a_counted_reason():
         decode(data[: len(data) // 3], list(range(20)))  # cut: the header is there, frames not
     assert info.value.reason == "video_corrupt"
     assert "decoded" in info.value.detail or "decoding failed" in info.value.detail
+
+
+# ---- positions: the installed models' own get_rope_index ---------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from energon_packing.encoding.positions import IMAGE, TEXT, VIDEO, vision_positions  # noqa: E402
+
+
+@st.composite
+def runs(draw):
+    """A source as runs: text, images (t=1) and videos (t up to 5), grids of even sides."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from([TEXT, IMAGE, VIDEO]))
+        if kind == TEXT:
+            out.append((TEXT, draw(st.integers(1, 5)), None, None))
+            continue
+        t = 1 if kind == IMAGE else draw(st.integers(1, 5))
+        h, w = (2 * draw(st.integers(1, 6)) for _ in range(2))
+        seconds = draw(st.floats(0.0625, 3.0, width=32)) if kind == VIDEO else None
+        out.append((kind, t * h * w // 4, (t, h, w), seconds))
+        out.append((TEXT, 1, None, None))  # the vision-end token: runs of one kind stay apart
+    return out
+
+
+def models_positions(family: str, types, images, videos, seconds, tokens_per_second):
+    """The model class's own ``get_rope_index`` on one row (its config faked: merge size 2)."""
+    import functools
+    from types import SimpleNamespace
+
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    model = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel, "qwen3_vl": Qwen3VLModel}
+    cls = model[family]
+    vision = SimpleNamespace(spatial_merge_size=2, tokens_per_second=tokens_per_second)
+    fake = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
+    fake.get_vision_position_ids = functools.partial(cls.get_vision_position_ids, fake)
+    kwargs = dict(
+        input_ids=torch.zeros(1, len(types), dtype=torch.long),
+        mm_token_type_ids=torch.tensor([types]),
+        image_grid_thw=torch.tensor(images) if images else None,
+        video_grid_thw=torch.tensor(videos) if videos else None,
+    )
+    if family == "qwen2_5_vl":
+        kwargs["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+    positions, _ = cls.get_rope_index(fake, **kwargs)
+    return positions[:, 0].numpy()
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@settings(max_examples=60, deadline=None)
+@given(source=runs(), tokens_per_second=st.sampled_from([2, 4, 25]))
+def test_video_positions_are_the_installed_models_get_rope_index(family, source, tokens_per_second):
+    images = [g for kind, _, g, _ in source if kind == IMAGE]
+    videos = [g for kind, _, g, _ in source if kind == VIDEO]
+    seconds = [s for kind, _, _, s in source if kind == VIDEO]
+    if family == "qwen3_vl":  # a timestamp's text before each temporal patch of a video
+        split = []
+        for kind, n, grid, s in source:
+            if kind != VIDEO:
+                split.append((kind, n, grid, s))
+                continue
+            for _ in range(grid[0]):
+                split += [(TEXT, 1, None, None), (VIDEO, n // grid[0], (1, *grid[1:]), s)]
+        source = split
+    types = [kind for kind, n, _, _ in source for _ in range(n)]
+    grids = [grid for _, _, grid, _ in source if grid is not None]
+    intervals = [tokens_per_second * s for s in seconds] if family == "qwen2_5_vl" else []
+    ours = vision_positions(types, grids, merge_size=2, time_intervals=intervals)
+    expected = models_positions(family, types, images, videos, seconds, tokens_per_second)
+    np.testing.assert_array_equal(ours, expected)

@@ -1,4 +1,5 @@
-"""Position ids of one conversation: 1-D, or Qwen2-VL's 3-row mRoPE (t, h, w).
+"""Position ids of one conversation: 1-D, or the Qwen families' 3-row mRoPE (t, h, w), for
+images and videos.
 
 Computed per source, as the model computes them for that source alone; the pack layout
 (:func:`energon_packing.schema.layout`) places them and continues them through the padding.
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MRope", "mrope_positions"]
+__all__ = ["IMAGE", "TEXT", "VIDEO", "MRope", "mrope_positions", "vision_positions"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -26,29 +27,78 @@ class MRope:
 def mrope_positions(
     input_ids: Sequence[int], grids: Sequence[tuple[int, int, int]], spec: MRope
 ) -> np.ndarray:
-    """``[3, len(input_ids)]`` positions of one source, as Qwen2-VL's ``get_rope_index``
-    computes them for that source alone: text advances all three rows together; an image's
-    pad tokens get (t, row, column) of its merged grid, offset by the text before it; text
-    after an image restarts at the largest position so far + 1."""
+    """``[3, len(input_ids)]`` positions of one source with images, as Qwen2-VL's
+    ``get_rope_index`` computes them for that source alone (:func:`vision_positions` over the
+    image-pad runs: every image's pad tokens follow a vision-start token)."""
     ids = np.asarray(input_ids)
-    positions = np.empty((3, len(ids)), dtype=np.int64)
     starts = np.flatnonzero(ids == spec.vision_start_id)
     if len(starts) != len(grids):
         raise ValueError(f"{len(starts)} vision-start tokens for {len(grids)} image grids")
-    cursor, next_pos = 0, 0
+    types = np.zeros(len(ids), dtype=np.int64)
     for vision_start, (t, h, w) in zip(starts, grids):
-        text = vision_start + 1 - cursor  # text before the image, the vision-start token included
-        positions[:, cursor : cursor + text] = next_pos + np.arange(text)
-        gh, gw = h // spec.merge_size, w // spec.merge_size
-        n = t * gh * gw
-        first = cursor + text
+        first = vision_start + 1
+        n = t * (h // spec.merge_size) * (w // spec.merge_size)
         if not (ids[first : first + n] == spec.image_pad_id).all():
             raise ValueError(f"image at token {first} does not have {n} image-pad tokens")
-        base = next_pos + text
-        positions[0, first : first + n] = base + np.repeat(np.arange(t), gh * gw)
-        positions[1, first : first + n] = base + np.tile(np.repeat(np.arange(gh), gw), t)
-        positions[2, first : first + n] = base + np.tile(np.arange(gw), t * gh)
-        next_pos = int(positions[:, first : first + n].max()) + 1
-        cursor = first + n
-    positions[:, cursor:] = next_pos + np.arange(len(ids) - cursor)
+        types[first : first + n] = IMAGE
+    return vision_positions(types, grids, merge_size=spec.merge_size)
+
+
+#: ``mm_token_type_ids`` values: what each token is
+TEXT, IMAGE, VIDEO = 0, 1, 2
+
+
+def vision_positions(
+    token_types: Sequence[int],
+    grids: Sequence[tuple[int, int, int]],
+    *,
+    merge_size: int,
+    time_intervals: Sequence[float] = (),
+) -> np.ndarray:
+    """``[3, n]`` positions as transformers 5.24's ``get_rope_index`` of Qwen2-VL, Qwen2.5-VL
+    and Qwen3-VL computes them for one source.
+
+    ``token_types`` are the ``mm_token_type_ids`` (0 text, 1 image, 2 video); each maximal run
+    of one vision type is the next grid of ``grids`` (images and videos in source order).
+    Text advances all three rows together. A grid's tokens get (temporal, row, column) of its
+    merged grid offset by the position so far, the temporal index scaled by the video's
+    ``time_intervals`` entry (Qwen2.5-VL: ``tokens_per_second * second_per_grid_ts``, in
+    float32 and truncated as the model does; 1 for images and the other families; Qwen3-VL
+    splits a video's grid into t grids of one temporal patch each, its timestamps' text
+    between them, as its ``get_rope_index`` does). Text after
+    a grid resumes at the position before it + ``max(h, w) // merge_size``: the temporal
+    extent is ignored (for an image, t = 1, that is the grid's largest position + 1, the rule
+    of transformers <= 5.2 and the original Qwen code, which differ only for videos).
+    """
+    types = np.asarray(token_types, dtype=np.int64)
+    positions = np.empty((3, len(types)), dtype=np.int64)
+    cut = np.flatnonzero(np.diff(types)) + 1
+    bounds = [0, *cut.tolist(), len(types)]
+    grid_of, interval_of = iter(grids), iter(time_intervals)
+    current = 0
+    for start, end in zip(bounds, bounds[1:]):
+        if types[start] == TEXT:
+            positions[:, start:end] = current + np.arange(end - start)
+            current += end - start
+            continue
+        try:
+            t, h, w = next(grid_of)
+        except StopIteration:
+            raise ValueError(f"a vision run at token {start} has no grid left") from None
+        gh, gw = h // merge_size, w // merge_size
+        if end - start != t * gh * gw:
+            raise ValueError(
+                f"the vision run at token {start} has {end - start} tokens, its grid "
+                f"{(t, h, w)} needs {t * gh * gw}"
+            )
+        temporal = np.arange(t)
+        if types[start] == VIDEO:
+            interval = next(interval_of, 1.0)
+            temporal = (temporal.astype(np.float32) * np.float32(interval)).astype(np.int64)
+        positions[0, start:end] = current + np.repeat(temporal, gh * gw)
+        positions[1, start:end] = current + np.tile(np.repeat(np.arange(gh), gw), t)
+        positions[2, start:end] = current + np.tile(np.arange(gw), t * gh)
+        current += max(gh, gw)
+    if next(grid_of, None) is not None:
+        raise ValueError(f"{len(grids)} grids for fewer vision runs")
     return positions
