@@ -8,10 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LIMIT", "cut", "describe", "quote"]
+__all__ = ["LIMIT", "Skip", "cut", "describe", "quote"]
 
 #: Characters of a quoted value, key or error detail in a message or log line.
 LIMIT = 300
+
+
+class Skip(Exception):
+    """A sample that is skipped: ``reason`` (a skip-report key, ``stats.REASONS``), ``detail``
+    (what, with numbers) and, for an over-long one, its ``cost`` in tokens. The one type every
+    skip travels as, from reading a shard to emitting a pack."""
+
+    def __init__(self, reason: str, detail: str, *, cost: int | None = None):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.cost = cost
+
+    def __reduce__(self) -> tuple:  # pickled across loader workers with its fields
+        return (_skip, (self.reason, self.detail, self.cost))
+
+
+def _skip(reason: str, detail: str, cost: int | None) -> Skip:
+    return Skip(reason, detail, cost=cost)
 
 
 def cut(text: str, limit: int = LIMIT) -> str:

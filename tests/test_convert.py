@@ -266,13 +266,13 @@ def test_what_cannot_be_read_names_convert():
     from helpers import conversation_sample
 
     sample = conversation_sample("k", {"conversations": [{"from": "robot", "value": "hi"}]})
-    assert sample.problem.startswith("malformed_message: conversations[0]: 'from' is 'robot'")
-    assert "energon-packing convert" in sample.problem
+    reason, detail = sample.problem
+    assert reason == "malformed_message"
+    assert detail.startswith("conversations[0]: 'from' is 'robot'")
+    assert "energon-packing convert" in detail
     sample = conversation_sample("k", {"dialogue": []})
-    assert (
-        sample.problem.startswith("missing_messages")
-        and "energon-packing convert" in sample.problem
-    )
+    reason, detail = sample.problem
+    assert reason == "missing_messages" and "energon-packing convert" in detail
 
 
 def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):

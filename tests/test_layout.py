@@ -257,7 +257,7 @@ def test_every_skip_reason_is_registered_and_documented():
                 continue
             func = node.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            position = {"Skip": 0, "ImageError": 0, "_problem": 0, "_unexpected": 1}.get(name)
+            position = {"Skip": 0, "_problem": 0, "_unexpected": 1}.get(name)
             if position is None or len(node.args) <= position:
                 continue
             arg = node.args[position]

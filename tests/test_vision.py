@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from energon_packing.encoding.chat import Skip
-from energon_packing.encoding.images import ImageError, probe
+from energon_packing.encoding.images import probe
 from energon_packing.encoding.vision import (
     VisionConfig,
     grid_for,
@@ -58,11 +58,11 @@ def test_smart_resize(height, width, expected):
 @pytest.mark.parametrize("width, height", [(10000, 20), (1600, 7), (1, 20000), (20000, 1)])
 def test_aspect_ratio_over_200_is_a_skip_when_costed(width, height):
     """Costing from the header is data checking (a Skip, never an unexpected error); decoding
-    the same image is an ImageError: both carry the documented reason."""
+    the same image is an Skip: both carry the documented reason."""
     with pytest.raises(Skip, match="above 200, which Qwen2-VL refuses") as info:
         grid_for(width, height, SMALL)
     assert info.value.reason == "image_aspect_ratio"
-    with pytest.raises(ImageError) as info:
+    with pytest.raises(Skip) as info:
         smart_resize(height, width, SMALL)
     assert info.value.reason == "image_aspect_ratio"
     assert grid_for(4000, 20, SMALL)[0] == 1  # exactly 200 is allowed
@@ -72,7 +72,7 @@ def test_probe_reads_the_header_only():
     data = image_bytes(320, 240, fmt="JPEG")
     truncated = data[: len(data) // 3]  # header intact, most of the pixels missing
     assert probe(truncated) == (320, 240)
-    with pytest.raises(ImageError) as info:
+    with pytest.raises(Skip) as info:
         patchify(truncated, SMALL)
     assert info.value.reason == "corrupt_image"
 
@@ -81,7 +81,7 @@ def test_probe_reads_the_header_only():
     "data, reason", [(b"", "corrupt_image"), (b"not an image", "corrupt_image")]
 )
 def test_bad_bytes(data, reason):
-    with pytest.raises(ImageError) as info:
+    with pytest.raises(Skip) as info:
         probe(data)
     assert info.value.reason == reason
 

@@ -15,7 +15,7 @@ from helpers import loader_batches, make_dataset, raw_sample, stop_workers
 from PIL import Image
 
 from energon_packing.encoding.chat import Skip, check_loss_weight
-from energon_packing.encoding.images import ImageError, decode, may_be_image, probe
+from energon_packing.encoding.images import decode, may_be_image, probe
 from energon_packing.encoding.vision import VisionConfig, patchify
 from energon_packing.loader.samples import is_conversation_part, load_conversation
 
@@ -96,7 +96,7 @@ def test_orientation_is_read_from_the_header_alone():
     data = oriented("JPEG", 8, size=(320, 64))
     truncated = data[: len(data) // 2]  # EXIF and frame header intact, pixels cut
     assert probe(truncated) == (64, 320)
-    with pytest.raises(ImageError, match="does not decode"):
+    with pytest.raises(Skip, match="does not decode"):
         decode(truncated)
 
 
@@ -178,7 +178,7 @@ def test_formats_pillow_only_reads():
 
 def test_eps_is_refused_it_would_run_ghostscript():
     data = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
-    with pytest.raises(ImageError) as info:
+    with pytest.raises(Skip) as info:
         probe(data)
     assert info.value.reason == "corrupt_image"
 

@@ -171,7 +171,7 @@ class BuiltinChat:
         """Decodes the conversation's images and checks its tokens against them.
 
         Raises:
-            ImageError: an image does not decode (a data skip).
+            Skip: an image does not decode (a data skip).
             ValueError: the tokens do not match the images (a bug: it would corrupt its pack).
         """
         vision = config.vision  # built and validated on each access: once per conversation

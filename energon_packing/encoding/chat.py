@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from energon_packing.config import Limits
-from energon_packing.encoding.images import ImageError, may_be_image, probe
-from energon_packing.errors import quote
+from energon_packing.encoding.images import may_be_image, probe
+from energon_packing.errors import Skip, quote
 from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
@@ -66,15 +66,6 @@ MIN_LOSS_WEIGHT = float(np.finfo(np.float32).tiny)
 def brief(value: Any, limit: int = BRIEF) -> str:
     """:func:`energon_packing.errors.quote` at the shorter limit of a skip detail."""
     return quote(value, limit)
-
-
-class Skip(Exception):
-    """A conversation that is skipped, counted under ``reason`` (a skip-report key)."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class OverlongError(ValueError):
@@ -295,8 +286,8 @@ def image_sizes(
             )
         try:
             sizes.append(probe(images[name], max_pixels=max_pixels))
-        except ImageError as e:
-            raise Skip(e.reason, f"image {brief(name)}: {e}") from None
+        except Skip as e:
+            raise Skip(e.reason, f"image {brief(name)}: {e.detail}") from None
     return sizes
 
 
@@ -333,7 +324,7 @@ def fit_to_capacity(
             f"max_input_seq_length"
         )
     if config.overlong == "drop":
-        raise Skip("overlong", what)
+        raise Skip("overlong", what, cost=cost)
     if (end := media_end()) > capacity:
         raise Skip(
             "overlong_media",

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
+from energon_packing.errors import Skip
 
 __all__ = ["FAMILIES", "Family", "family_of"]
 
@@ -48,7 +48,7 @@ def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
             ratio = max(h, w) / min(h, w)
             if ratio <= MAX_ASPECT_RATIO:
                 raise  # not the aspect rule: the caller reports it as unsupported_image
-            raise ImageError(
+            raise Skip(
                 "image_aspect_ratio",
                 f"image of {w}x{h} px (upright) has an aspect ratio of {ratio:,.1f}, above "
                 f"{MAX_ASPECT_RATIO}, which {type(image_processor).__name__}'s smart_resize "

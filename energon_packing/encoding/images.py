@@ -26,9 +26,9 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image
 
-from energon_packing.errors import describe
+from energon_packing.errors import Skip, describe
 
-__all__ = ["NOT_IMAGE_SUFFIXES", "ImageError", "decode", "may_be_image", "probe"]
+__all__ = ["NOT_IMAGE_SUFFIXES", "decode", "may_be_image", "probe"]
 
 #: Part-name suffixes that are never read as images (text, tensors, audio, video, archives):
 #: every other part may be one, since formats are recognised by content.
@@ -53,14 +53,6 @@ _TRANSPOSE = {
 }
 #: Pixels per strip when scaling high-bit-depth images (bounds the float64 temporaries).
 _STRIP_PIXELS = 1 << 18
-
-
-class ImageError(ValueError):
-    """An image that cannot be costed or decoded; ``reason`` is a skip-report key."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 def may_be_image(part: str) -> bool:
@@ -147,9 +139,9 @@ def _header(data: bytes, image: Image.Image, max_pixels: int | None) -> tuple[in
     """``(width, height, orientation)`` of the upright image, checked against the budget."""
     width, height = image.size
     if width < 1 or height < 1:
-        raise ImageError("corrupt_image", f"image has zero size ({width}x{height} px)")
+        raise Skip("corrupt_image", f"image has zero size ({width}x{height} px)")
     if max_pixels is not None and width * height > max_pixels:
-        raise ImageError(
+        raise Skip(
             "image_too_large",
             f"image header says {width}x{height} = {width * height:,} pixels, more than "
             f"max_image_pixels={max_pixels:,}; nothing was decoded",
@@ -162,9 +154,9 @@ def _header(data: bytes, image: Image.Image, max_pixels: int | None) -> tuple[in
 
 @contextlib.contextmanager
 def _opened(data: bytes, max_pixels: int | None):
-    """The lazily opened image; PIL's failures to read its header as :class:`ImageError`."""
+    """The lazily opened image; PIL's failures to read its header as :class:`Skip`."""
     if not data:
-        raise ImageError("corrupt_image", "image file is empty (0 bytes)")
+        raise Skip("corrupt_image", "image file is empty (0 bytes)")
     # Our budget (max_image_pixels) is checked from the header in _header(); PIL's own
     # DecompressionBombWarning would only repeat it, once per image, in every worker.
     with warnings.catch_warnings():
@@ -173,20 +165,20 @@ def _opened(data: bytes, max_pixels: int | None):
             image = Image.open(io.BytesIO(data), formats=_formats())
         except Image.DecompressionBombError as e:
             # PIL refuses outright above 2 * Image.MAX_IMAGE_PIXELS, whatever our knob says.
-            raise ImageError(
+            raise Skip(
                 "image_too_large",
                 f"image refused by PIL before decoding ({e}); max_image_pixels={max_pixels} "
                 f"cannot allow it unless PIL.Image.MAX_IMAGE_PIXELS is raised as well",
             ) from None
         except Exception as e:  # PIL raises several types for bad headers
-            raise ImageError("corrupt_image", f"image header unreadable ({describe(e)})") from None
+            raise Skip("corrupt_image", f"image header unreadable ({describe(e)})") from None
         with image:
             yield image
 
 
 def probe(data: bytes, *, max_pixels: int | None = None) -> tuple[int, int]:
     """``(width, height)`` of the upright image (EXIF orientation applied) from the header,
-    without decoding pixels; an image over ``max_pixels`` pixels is :class:`ImageError`
+    without decoding pixels; an image over ``max_pixels`` pixels is :class:`Skip`
     ``image_too_large`` before any decode."""
     with _opened(data, max_pixels) as image:
         width, height, _ = _header(data, image, max_pixels)
@@ -204,7 +196,7 @@ def decode(
             opened.load()  # frame 0: a freshly opened image is there (SPIDER refuses seek(0))
             image = _to_rgb(opened, high_bit_depth)
         except Exception as e:
-            raise ImageError("corrupt_image", f"image does not decode ({describe(e)})") from None
+            raise Skip("corrupt_image", f"image does not decode ({describe(e)})") from None
     # after conversion: 3 bytes a pixel to move, and the result owns its pixels
     return image.transpose(_TRANSPOSE[orientation]) if orientation != 1 else image
 

@@ -54,7 +54,6 @@ from energon_packing.encoding.chat import (
     read_conversation,
 )
 from energon_packing.encoding.families import FAMILIES, family_of
-from energon_packing.encoding.images import ImageError
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
 from energon_packing.encoding.rendering import (
@@ -276,10 +275,8 @@ class ProcessorChat:
             raise Skip("template_error", describe(e)) from None
         try:
             ids, offsets, shifts, media = self._expand(text, sizes)
-        except Skip:
+        except Skip:  # a rule of the family's size rule (aspect ratio): data
             raise
-        except ImageError as e:  # a rule of the family's size rule (aspect ratio): data
-            raise Skip(e.reason, str(e)) from None
         except Exception as e:  # the family's size rule refuses the image otherwise
             raise Skip(
                 "unsupported_image",
@@ -364,7 +361,7 @@ class ProcessorChat:
         decoded images, plus the token fields the processor derives from the ids.
 
         Raises:
-            ImageError: an image does not decode (a data skip).
+            Skip: an image does not decode (a data skip).
             ProcessorMismatchError: the real outputs expand an image otherwise than predicted.
         """
         media = {}

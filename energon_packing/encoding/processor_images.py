@@ -94,7 +94,7 @@ class ImageSide:
         (encoded from the headers' sizes) must hold as many image tokens as they expand to.
 
         Raises:
-            ImageError: an image does not decode (a data skip).
+            Skip: an image does not decode (a data skip).
             ProcessorMismatchError: the real outputs expand an image otherwise.
         """
         if not images:
@@ -120,7 +120,7 @@ class ImageSide:
             if images:
                 try:
                     decoded[n] = self._decode(images, config)
-                except Exception as e:  # ImageError: a data skip; it alone
+                except Exception as e:  # Skip: a data skip; it alone
                     results[n] = e
         if not decoded:
             return results

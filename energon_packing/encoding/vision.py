@@ -20,7 +20,7 @@ from PIL import Image
 
 from energon_packing.config import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 from energon_packing.encoding.chat import Skip
-from energon_packing.encoding.images import ImageError, decode
+from energon_packing.encoding.images import decode
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -44,11 +44,11 @@ def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, in
     ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible.
 
     Raises:
-        ImageError: ``image_aspect_ratio``, an aspect ratio above 200 (Qwen2-VL's own limit).
+        Skip: ``image_aspect_ratio``, an aspect ratio above 200 (Qwen2-VL's own limit).
     """
     factor = config.factor
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ImageError(
+        raise Skip(
             "image_aspect_ratio",
             f"image of {width}x{height} px (upright) has an aspect ratio of "
             f"{max(height, width) / min(height, width):,.1f}, above {MAX_ASPECT_RATIO}, which "
@@ -73,10 +73,7 @@ def grid_for(width: int, height: int, config: VisionConfig) -> tuple[int, int, i
     Raises:
         Skip: the image breaks a size rule (``image_aspect_ratio``): costing is data checking.
     """
-    try:
-        resized_h, resized_w = smart_resize(height, width, config)
-    except ImageError as e:
-        raise Skip(e.reason, str(e)) from None
+    resized_h, resized_w = smart_resize(height, width, config)
     return 1, resized_h // config.patch_size, resized_w // config.patch_size
 
 

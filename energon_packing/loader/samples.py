@@ -64,7 +64,7 @@ class ConversationSample(Sample):
         image_names: The document's ``images`` list, in order.
         images: Raw bytes of every image part present in the shard sample, by part name.
         loss_weight: The document's optional ``loss_weight`` (default 1.0).
-        problem: ``"reason: detail"`` when the sample could not be read; the task encoder skips
+        problem: ``(reason, detail)`` when the sample could not be read; the task encoder skips
             it under that reason.
     """
 
@@ -72,7 +72,7 @@ class ConversationSample(Sample):
     image_names: list
     images: dict
     loss_weight: float = 1.0
-    problem: str | None = None
+    problem: tuple[str, str] | None = None
 
 
 @edataclass
@@ -99,7 +99,7 @@ class PackedSample(Sample):
 
 
 def _problem(reason: str, detail: str) -> dict[str, Any]:
-    return {"messages": [], "image_names": [], "images": {}, "problem": f"{reason}: {detail}"}
+    return {"messages": [], "image_names": [], "images": {}, "problem": (reason, detail)}
 
 
 def load_conversation(raw: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the o
 from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig, check_knobs_path
 from energon_packing.encoding import make_chat
 from energon_packing.encoding.chat import OverlongError, Skip
-from energon_packing.encoding.images import ImageError
 from energon_packing.errors import describe, quote
 from energon_packing.loader.energon import (
     SOURCE_DATASET,
@@ -79,8 +77,6 @@ logger = logging.getLogger("energon_packing")
 MAX_CONSECUTIVE_ERRORS = 100
 #: Restore rule of each knob, from its declaration (loader settings: must equal).
 RESTORE_RULES = {knob.name: knob.restore for knob in KNOBS}
-#: ``"... N tokens (COST padded to ..."``: the cost in an ``overlong`` skip's detail
-_OVERLONG_COST = re.compile(r"\((\d+) padded to pad_multiple")
 
 
 class PackingError(FatalSampleError):
@@ -197,8 +193,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         self.stats.read += 1
         try:
             if sample.problem:
-                reason, _, detail = sample.problem.partition(": ")
-                raise Skip(reason, detail)
+                raise Skip(*sample.problem)
             encoding = self.chat.encode(
                 key=key,
                 messages=sample.messages,
@@ -208,7 +203,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 config=self.config,
             )
         except Skip as e:
-            self._skip(key, e.reason, e.detail, cost=getattr(e, "cost", None))
+            self._skip(key, e.reason, e.detail, cost=e.cost)
             raise SkipSample() from None
         except OverlongError as e:
             raise PackingError(str(e)) from None
@@ -454,8 +449,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         for sample, outcome in zip(samples, outcomes, strict=True):
             if not isinstance(outcome, Exception):
                 sources.append(outcome)
-            elif isinstance(outcome, ImageError):
-                self._skip(sample.__key__, outcome.reason, str(outcome))
+            elif isinstance(outcome, Skip):
+                self._skip(sample.__key__, outcome.reason, outcome.detail, cost=outcome.cost)
             else:  # a bug (or a processor that disagrees with its size rule)
                 self._unexpected([sample.__key__], "source_error", outcome)
         if not sources:
@@ -513,11 +508,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         """Counts a skip; stops the worker if it has skipped ``max_skips_without_pack``
         samples and put none into a pack (a loader that would otherwise loop forever)."""
         self.stats.skip(key, reason, detail)
-        if reason == "overlong":
-            found = _OVERLONG_COST.search(detail) if cost is None else None
-            cost = int(found.group(1)) if found else cost
-            if cost is not None:
-                self._cheapest_overlong = min(cost, self._cheapest_overlong or cost)
+        if reason == "overlong" and cost is not None:
+            self._cheapest_overlong = min(cost, self._cheapest_overlong or cost)
         limit = self.config.max_skips_without_pack
         skipped = sum(self.stats.skipped.values())
         if limit is not None and not self._landed and skipped >= limit:
