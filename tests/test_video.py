@@ -172,3 +172,48 @@ def test_video_positions_are_the_installed_models_get_rope_index(family, source,
     ours = vision_positions(types, grids, merge_size=2, time_intervals=intervals)
     expected = models_positions(family, types, images, videos, seconds, tokens_per_second)
     np.testing.assert_array_equal(ours, expected)
+
+
+PROCESSED = json.loads((DATA / "processor_reference.json").read_text())
+
+
+def _runs(types):
+    bounds = [0, *(np.flatnonzero(np.diff(types)) + 1).tolist(), len(types)]
+    return [(types[a], a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize(
+    "family, conversation",
+    [(f, c) for f, convs in PROCESSED["results"].items() for c in convs],
+)
+def test_positions_of_real_processor_outputs_are_the_models(family, conversation):
+    """What the real processors made of video conversations (``processor_reference.json``:
+    ids, token types, grids, made once with torchvision present), positioned by
+    :func:`vision_positions`: equal to the model's own ``get_rope_index`` on them (Qwen2.5-VL
+    at its default 4 and at 25 tokens per second, where text after a video resumes inside the
+    video's temporal positions)."""
+    result = PROCESSED["results"][family][conversation]
+    types = result["mm_token_type_ids"]
+    images = iter(result["image_grid_thw"] or [])
+    videos = iter(result["video_grid_thw"] or [])
+    grids, patches_left = [], 0
+    for kind, _, _ in _runs(types):
+        if kind == IMAGE:
+            grids.append(tuple(next(images)))
+        elif kind == VIDEO and family == "qwen3_vl":  # one run per temporal patch
+            if not patches_left:
+                t, h, w = next(videos)
+                patches_left = t
+            grids.append((1, h, w))
+            patches_left -= 1
+        elif kind == VIDEO:
+            grids.append(tuple(next(videos)))
+    per_second = PROCESSED["families"][family]["model_config"].get("tokens_per_second")
+    cases = {"position_ids": per_second, "position_ids_tokens_per_second_25": 25}
+    for name, tokens_per_second in cases.items():
+        if name not in result:
+            continue
+        seconds = result.get("second_per_grid_ts") or []
+        intervals = [np.float32(tokens_per_second) * np.float32(s) for s in seconds]
+        ours = vision_positions(types, grids, merge_size=2, time_intervals=intervals)
+        np.testing.assert_array_equal(ours, np.asarray(result[name]), err_msg=name)
