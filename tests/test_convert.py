@@ -275,6 +275,23 @@ def test_what_cannot_be_read_names_convert():
     assert reason == "missing_messages" and "energon-packing convert" in detail
 
 
+def test_a_problem_written_as_text_by_an_older_sample_loader_is_still_a_skip():
+    """Release 0.3 documented ``problem`` as ``"reason: detail"``; a user's sample loader
+    that still writes it so gets the skip, not an encode error."""
+    import dataclasses
+
+    from helpers import conversation_sample
+    from megatron.energon import SkipSample
+
+    from energon_packing import PackingTaskEncoder
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=256)
+    sample = conversation_sample("k", {"messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(SkipSample):
+        te.encode_sample(dataclasses.replace(sample, problem="malformed_json: a bad byte"))
+    assert te.stats.skipped_keys == {"malformed_json": ["k"]}
+
+
 def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):
     """A source folder with a train and a val file; LLaVA-Video records keep their clip as a
     part (packing video is not there yet: the loader reports them, nothing vanishes)."""

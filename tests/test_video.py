@@ -217,3 +217,37 @@ def test_positions_of_real_processor_outputs_are_the_models(family, conversation
         intervals = [np.float32(tokens_per_second) * np.float32(s) for s in seconds]
         ours = vision_positions(types, grids, merge_size=2, time_intervals=intervals)
         np.testing.assert_array_equal(ours, np.asarray(result[name]), err_msg=name)
+
+
+def test_frames_an_edit_list_discards_are_not_counted():
+    """A clip cut with ``-c copy`` keeps its pre-roll packets, marked discarded: its header
+    says 40 frames, 35 decode (transformers' loader then processes 35: grid [18, 20, 28] from the real
+    processor in a run with torchvision). The count comes from
+    the packets that decode, so the grid is known before decoding and decoding finds them."""
+    data = (DATA / "h264_preroll_edit_list.mp4").read_bytes()
+    header = probe(data)
+    assert (header.frames, header.counted) == (35, True)
+    video = VideoRule.of("qwen2_5_vl")  # every frame
+    frames = decode(data, video.indices(header))
+    assert len(frames) == 35 and process(frames, video)[1] == video.grid(header) == (18, 20, 28)
+
+
+def test_a_frame_sampled_twice_decodes_once():
+    """Qwen3 asked for more frames than the clip has repeats indices; the pyav loader keeps
+    each decoded frame once, so the grid counts distinct frames."""
+    data = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
+    video = VideoRule.of("qwen3_vl", {"fps": None, "num_frames": 30})
+    header = probe(data)
+    assert len(video.indices(header)) == 30 and len(set(video.indices(header))) == 20
+    frames = decode(data, video.indices(header))
+    assert len(frames) == 20 and process(frames, video)[1] == video.grid(header)
+
+
+def test_settings_the_processor_refuses_are_refused():
+    with pytest.raises(ValueError, match="fps=2.0 and num_frames=8 are mutually exclusive"):
+        VideoRule.of("qwen3_vl", {"num_frames": 8})  # its class default fps=2 stays
+    with pytest.raises(ValueError, match="needs fps or num_frames"):
+        VideoRule.of("qwen2_vl", {"do_sample_frames": True})
+    with pytest.raises(ValueError, match="resized bicubic only"):
+        VideoRule.of("qwen2_vl", {"resample": 2})
+    assert VideoRule.of("qwen3_vl", {"num_frames": 8, "fps": None}).num_frames == 8

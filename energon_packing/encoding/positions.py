@@ -63,9 +63,10 @@ def vision_positions(
     Text advances all three rows together. A grid's tokens get (temporal, row, column) of its
     merged grid offset by the position so far, the temporal index scaled by the video's
     ``time_intervals`` entry (Qwen2.5-VL: ``tokens_per_second * second_per_grid_ts``, in
-    float32 and truncated as the model does; 1 for images and the other families; Qwen3-VL
-    splits a video's grid into t grids of one temporal patch each, its timestamps' text
-    between them, as its ``get_rope_index`` does). Text after
+    float32 and truncated as the model does; 1 for images and the other families). For
+    Qwen3-VL pass each video as t grids ``(1, h, w)``, one per temporal patch (its
+    timestamps' text separates them, and its ``get_rope_index`` splits the grid so). Text
+    after
     a grid resumes at the position before it + ``max(h, w) // merge_size``: the temporal
     extent is ignored (for an image, t = 1, that is the grid's largest position + 1, the rule
     of transformers <= 5.2 and the original Qwen code, which differ only for videos).
@@ -93,7 +94,9 @@ def vision_positions(
             )
         temporal = np.arange(t)
         if types[start] == VIDEO:
-            interval = next(interval_of, 1.0)
+            interval = next(interval_of, None) if time_intervals else 1.0
+            if interval is None:
+                raise ValueError(f"{len(time_intervals)} time intervals for more video runs")
             temporal = (temporal.astype(np.float32) * np.float32(interval)).astype(np.int64)
         positions[0, start:end] = current + np.repeat(temporal, gh * gw)
         positions[1, start:end] = current + np.tile(np.repeat(np.arange(gh), gw), t)

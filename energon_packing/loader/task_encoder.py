@@ -193,7 +193,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         self.stats.read += 1
         try:
             if sample.problem:
-                raise Skip(*sample.problem)
+                problem = sample.problem  # (reason, detail); release 0.3 sample loaders: a str
+                if isinstance(problem, str):
+                    problem = problem.partition(": ")[::2]
+                raise Skip(*problem)
             encoding = self.chat.encode(
                 key=key,
                 messages=sample.messages,

@@ -4,8 +4,9 @@ need it).
 
 Four steps, each the family's own rule (transformers 5.24, read from its code):
 
-* :func:`probe`: the container header, no decode: frame count, fps, size (0.3-3 ms). Matroska
-  and WebM headers carry no frame count: their video packets are counted by demuxing.
+* :func:`probe`: the container, no decode: fps and size from the header, the frame count from
+  its packets (demuxed, not decoded: packets an MP4 edit list discards, as clips cut with
+  ``-c copy`` have, never decode, and Matroska / WebM / MPEG-TS headers hold no count).
 * :meth:`VideoRule.indices`: the frames the processor samples (Qwen2/2.5: an ``arange`` of
   float steps over ``fps``-derived counts, or every frame when ``do_sample_frames`` is off;
   Qwen3: ``linspace``), and :meth:`VideoRule.size`: ``smart_resize`` (Qwen3's budget counts
@@ -16,8 +17,9 @@ Four steps, each the family's own rule (transformers 5.24, read from its code):
   kernel, which torchvision calls), fused rescale and normalise in float32, the last frame
   repeated to a multiple of the temporal patch, patchify.
 
-``pixel_values_videos`` and ``video_grid_thw`` are bit-equal to the real processors'
-(``tests/data/video/reference.json``, made once with torchvision present).
+``pixel_values_videos`` and ``video_grid_thw`` are bit-equal to the real processors' with
+transformers' pyav loader (``tests/data/video/reference.json``, made once with torchvision
+present; transformers' stock ``fetch_videos`` would ask for torchcodec).
 """
 
 from __future__ import annotations
@@ -31,21 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from energon_packing.errors import Skip
+
 __all__ = ["FAMILIES", "VideoError", "VideoHeader", "VideoRule", "decode", "probe", "process"]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
+_MISSING = object()
 _OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 _HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
-class VideoError(ValueError):
-    """A video that cannot be used, with the skip reason it counts under."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class VideoError(Skip):
+    """A video that cannot be used: a :class:`~energon_packing.errors.Skip` under its reason
+    (registered in the skip report once the loader reads videos)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -56,7 +57,7 @@ class VideoHeader:
     fps: float
     width: int
     height: int
-    #: the frame count came from counting packets (Matroska / WebM headers carry none)
+    #: the stream header's own frame count differs from the packets' (0: it holds none)
     counted: bool = False
 
 
@@ -73,10 +74,10 @@ def probe(data: bytes) -> VideoHeader:
             if not container.streams.video:
                 raise VideoError("video_no_stream", "the container holds no video stream")
             stream = container.streams.video[0]
-            frames, counted = int(stream.frames or 0), False
-            if frames <= 0:
-                frames = sum(1 for packet in container.demux(stream) if packet.size)
-                counted = True
+            frames = sum(
+                1 for packet in container.demux(stream) if packet.size and not packet.is_discard
+            )
+            counted = frames != int(stream.frames or 0)
             rate = stream.average_rate
             return VideoHeader(
                 frames=frames,
@@ -92,16 +93,19 @@ def probe(data: bytes) -> VideoHeader:
 
 
 def decode(data: bytes, indices: Sequence[int]) -> np.ndarray:
-    """The frames ``indices`` (ascending) of the first video stream, uint8 ``[T, H, W, 3]``
-    RGB, decoded as transformers' pyav loader does (the i-th frame the decoder yields).
+    """The distinct frames of ``indices`` of the first video stream, uint8 ``[T, H, W, 3]``
+    RGB, decoded as transformers' pyav loader does (the i-th frame the decoder yields, each
+    once, in order).
 
     Raises:
         VideoError: ``video_corrupt`` when the stream ends before the last index.
     """
     import av
 
-    wanted = set(int(i) for i in indices)
-    last = max(wanted)
+    wanted = sorted(set(int(i) for i in indices))  # a frame sampled twice decodes once
+    if not wanted:
+        raise VideoError("video_empty", "no frame sampled")
+    last = wanted[-1]
     frames = {}
     try:
         with av.open(io.BytesIO(data)) as container:
@@ -118,7 +122,7 @@ def decode(data: bytes, indices: Sequence[int]) -> np.ndarray:
             f"the stream decoded {len(frames)} of the {len(wanted)} sampled frames (up to frame "
             f"{last}); the header promised more",
         )
-    return np.stack([frames[int(i)] for i in indices])
+    return np.stack([frames[i] for i in wanted])
 
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
@@ -222,10 +226,10 @@ class VideoRule:
             raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
         values = dict(_DEFAULTS[family])
 
-        def get(name: str) -> Any:
+        def get(name: str, missing: Any = None) -> Any:
             if isinstance(config, Mapping):
-                return config.get(name)
-            return getattr(config, name, None) if config is not None else None
+                return config.get(name, missing)
+            return getattr(config, name, missing) if config is not None else missing
 
         size = get("size")
         if size is not None:
@@ -250,12 +254,33 @@ class VideoRule:
             max_video_tokens="max_video_tokens",
         )
         for ours, theirs in renames.items():
-            value = get(theirs)
-            if value is not None:
-                values[ours] = tuple(value) if ours in ("mean", "std") else value
-        for flag in ("do_resize", "do_rescale", "do_normalize"):
+            value = get(theirs, _MISSING)
+            if value is _MISSING or (value is None and ours not in ("fps", "num_frames")):
+                continue  # fps / num_frames: None set explicitly means "not this way"
+            values[ours] = tuple(value) if ours in ("mean", "std") else value
+        for flag in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
             if get(flag) is False:
                 raise ValueError(f"{family}: {flag}=False is not supported for videos")
+        resample = get("resample")
+        resample = getattr(resample, "value", resample)
+        resample = resample.get("value") if isinstance(resample, Mapping) else resample
+        if resample is not None and resample != 3:  # PIL's BICUBIC
+            raise ValueError(f"{family}: resample={resample!r}; videos are resized bicubic only")
+        if values["sample"] and values["fps"] is not None and values.get("num_frames") is not None:
+            raise ValueError(
+                f"{family}: fps={values['fps']} and num_frames={values.get('num_frames')} are "
+                f"mutually exclusive (the processor refuses both); set one to None"
+            )
+        if (
+            values["sample"]
+            and family != "qwen3_vl"
+            and values["fps"] is None
+            and values.get("num_frames") is None
+        ):
+            raise ValueError(
+                f"{family}: do_sample_frames needs fps or num_frames (the processor's defaults "
+                f"have neither; qwen-vl-utils samples at fps=2.0)"
+            )
         return cls(family=family, **values)
 
     @property
@@ -319,7 +344,7 @@ class VideoRule:
 
     def grid(self, header: VideoHeader) -> tuple[int, int, int]:
         """``video_grid_thw`` of the video, from its header alone."""
-        frames = len(self.indices(header))
+        frames = len(np.unique(self.indices(header)))  # each sampled frame decodes once
         height, width = self.size(frames, header.height, header.width)
         t = -(-frames // self.temporal_patch_size)
         return t, height // self.patch_size, width // self.patch_size
