@@ -221,9 +221,9 @@ def test_positions_of_real_processor_outputs_are_the_models(family, conversation
 
 def test_frames_an_edit_list_discards_are_not_counted():
     """A clip cut with ``-c copy`` keeps its pre-roll packets, marked discarded: its header
-    says 40 frames, 35 decode (transformers' loader then processes 35: grid [18, 20, 28] from the real
-    processor in a run with torchvision). The count comes from
-    the packets that decode, so the grid is known before decoding and decoding finds them."""
+    says 40 frames, 35 decode (transformers' loader then processes 35: grid [18, 20, 28] from
+    the real processor, run with torchvision). The count comes from the packets that decode,
+    so the grid is known before decoding and decoding finds every frame."""
     data = (DATA / "h264_preroll_edit_list.mp4").read_bytes()
     header = probe(data)
     assert (header.frames, header.counted) == (35, True)
