@@ -251,3 +251,38 @@ def test_settings_the_processor_refuses_are_refused():
     with pytest.raises(ValueError, match="resized bicubic only"):
         VideoRule.of("qwen2_vl", {"resample": 2})
     assert VideoRule.of("qwen3_vl", {"num_frames": 8, "fps": None}).num_frames == 8
+
+
+@pytest.mark.parametrize(
+    "family, conversation",
+    [(f, c) for f, convs in PROCESSED["results"].items() for c in convs],
+)
+def test_a_videos_tokens_in_the_text_are_the_real_processors(family, conversation):
+    """The rendered chat template with each video's one ``<|video_pad|>`` replaced by
+    :meth:`VideoRule.expansion` (from the clip's header alone) is the text the real processor
+    expanded (Qwen3: timestamps and per-patch vision markers included)."""
+    result = PROCESSED["results"][family][conversation]
+    kwargs = PROCESSED["families"][family]["processor_kwargs"]  # do_sample_frames, fps
+    video = VideoRule.of(family, {**REFERENCE["families"][family]["config"], **kwargs})
+    clips = [
+        part["video"]
+        for message in PROCESSED["conversations"][conversation]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "video"
+    ]
+    pieces = result["rendered_text"].split("<|video_pad|>")
+    assert len(pieces) == len(clips) + 1
+    text = pieces[0]
+    for clip, after in zip(clips, pieces[1:]):
+        header = probe((DATA / clip).read_bytes())
+        text += video.expansion(
+            header,
+            video_token="<|video_pad|>",
+            vision_start="<|vision_start|>",
+            vision_end="<|vision_end|>",
+        )
+        text += after
+    if images := result["n_image_tokens"]:
+        text = text.replace("<|image_pad|>", "<|image_pad|>" * images)
+    assert text == result["expanded_text"]

@@ -354,6 +354,34 @@ class VideoRule:
         t, h, w = self.grid(header)
         return t * h * w // (self.merge_size * self.merge_size)
 
+    def timestamps(self, header: VideoHeader) -> list[float]:
+        """Qwen3-VL's time of each temporal patch (its processor's ``_calculate_timestamps``):
+        the sampled indices, the last repeated to a whole patch, in seconds; each patch's
+        first and last frame averaged."""
+        indices = [int(i) for i in self.indices(header)]
+        tps = self.temporal_patch_size
+        indices += [indices[-1]] * (-len(indices) % tps)
+        seconds = [i / (header.fps or 24) for i in indices]
+        return [(seconds[i] + seconds[i + tps - 1]) / 2 for i in range(0, len(seconds), tps)]
+
+    def expansion(
+        self, header: VideoHeader, *, video_token: str, vision_start: str, vision_end: str
+    ) -> str:
+        """What the processor puts in place of a video's one ``video_token`` in the rendered
+        chat template (which wraps it in ``vision_start`` / ``vision_end`` itself): Qwen2/2.5
+        repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
+        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch (5.24 keeps
+        the template's outer pair around them)."""
+        t, h, w = self.grid(header)
+        per_patch = h * w // (self.merge_size * self.merge_size)
+        if self.family != "qwen3_vl":
+            return video_token * (t * per_patch)
+        stamps = self.timestamps(header)
+        return "".join(
+            f"<{stamps[i]:.1f} seconds>{vision_start}{video_token * per_patch}{vision_end}"
+            for i in range(t)
+        )
+
     def second_per_grid(self, header: VideoHeader) -> float:
         """Qwen2.5-VL's ``second_per_grid_ts``: temporal patch / sampled fps."""
         total = header.frames
