@@ -164,9 +164,10 @@ GLOO = [
     for world in (2, 4)
     for reduction in ("mean", "sum")
 ]
-#: the default suite's share: both recipes on 2 ranks under DDP (4 ranks and the summed
-#: reduction run under -m slow, which .ci/run adds: the README test command stays < 3 min)
-DEFAULT_GLOO = {("tiny", "shim", 2, "mean"), ("qwen2_vl", "hf", 2, "mean")}
+#: the default suite's share: the shim recipe on 2 ranks under DDP (the HF recipe on 2 ranks,
+#: which takes 31 s, 4 ranks and the summed reduction run under -m slow, which .ci/run adds:
+#: the README test command stays < 3 min; the HF recipe's one-rank proof stays by default)
+DEFAULT_GLOO = {("tiny", "shim", 2, "mean")}
 
 
 @pytest.mark.parametrize(
