@@ -59,6 +59,23 @@ DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 #: Qwen2-VL's resize bounds (its image processor's defaults), the built-in layout's.
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+#: Frames a video may be sampled to (Qwen's video processors' ``max_frames``).
+DEFAULT_MAX_VIDEO_FRAMES = 768
+#: Qwen2.5-VL's published ``vision_config.tokens_per_second`` (transformers' class default: 4).
+DEFAULT_TOKENS_PER_SECOND = 2
+#: What ``videos_kwargs`` may set: the Qwen video processors' own names.
+VIDEO_KWARGS = (
+    "do_sample_frames",
+    "fps",
+    "num_frames",
+    "min_frames",
+    "max_frames",
+    "min_pixels",
+    "max_pixels",
+    "size",
+    "cap_pixels_per_frame",
+    "max_video_tokens",
+)
 #: Samples a loader worker may skip before its first pack, then it stops with the reasons.
 DEFAULT_MAX_SKIPS_WITHOUT_PACK = 1000
 
@@ -305,6 +322,22 @@ class SampleKnobs:
         "(`max_pixels`)",
         related="worker memory",
     )
+    max_video_frames: int = _knob(
+        DEFAULT_MAX_VIDEO_FRAMES,
+        restore=MAY_RAISE,
+        effect="reject threshold: frames a video's sampling may take (worked out from its "
+        "header, before any decode), else it is skipped (`video_too_large`); bounds a worker's "
+        "decode memory",
+        related="Qwen `max_frames` (the sampling cap: `videos_kwargs`)",
+    )
+    max_video_tokens: int | None = _knob(
+        None,
+        restore=MAY_RAISE,
+        default_text="None (any)",
+        effect="reject threshold: video-pad tokens one video may expand to (from its header), "
+        "else it is skipped (`video_too_large`)",
+        related="Qwen3-VL `max_video_tokens`",
+    )
     max_skips_without_pack: int | None = _knob(
         DEFAULT_MAX_SKIPS_WITHOUT_PACK,
         decides=False,
@@ -330,6 +363,8 @@ class SampleKnobs:
         for name in ("max_text_chars", "max_turns", "max_images", "max_skips_without_pack"):
             _integer(name, getattr(self, name), minimum=1, optional=True)
         _integer("max_image_pixels", self.max_image_pixels, minimum=1)
+        _integer("max_video_frames", self.max_video_frames, minimum=1)
+        _integer("max_video_tokens", self.max_video_tokens, minimum=1, optional=True)
 
 
 _BUILTIN_RESIZE = (
@@ -393,6 +428,22 @@ class LayoutKnobs:
         "the model's own",
     )
 
+    videos_kwargs: dict | None = _knob(  # noqa: RUF009 (a field(), default None)
+        None,
+        effect="the video processor's sampling and size settings (`fps`, `num_frames`, "
+        "`min_frames`, `max_frames`, `min_pixels`, `max_pixels`, ...) over its own (with "
+        "processor=) or Qwen2-VL's with `fps=2.0` (built-in layout)",
+        related="transformers `videos_kwargs`; qwen-vl-utils samples at fps 2",
+    )
+    tokens_per_second: float = _knob(
+        DEFAULT_TOKENS_PER_SECOND,
+        effect="Qwen2.5-VL's `vision_config.tokens_per_second`: the temporal position step of "
+        "a video patch is this times `second_per_grid_ts` (processor path, Qwen2.5-VL only)",
+        related="the model's config.json",
+        paths=(PROCESSOR,),
+        instead="the built-in layout is Qwen2-VL's, whose video positions have no time scale",
+    )
+
     def __post_init__(self) -> None:
         _choice("train_on", self.train_on, TRAIN_ON)
         _flag("mrope", self.mrope, optional=True)
@@ -404,6 +455,17 @@ class LayoutKnobs:
             not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
         ):
             raise ValueError(f"chat_template_kwargs must be a dict of str keys, got {kwargs!r}")
+        videos = self.videos_kwargs
+        if videos is not None:
+            unknown = sorted(set(videos) - set(VIDEO_KWARGS)) if isinstance(videos, Mapping) else 0
+            if unknown != []:
+                raise ValueError(
+                    f"videos_kwargs must be a dict with keys among {', '.join(VIDEO_KWARGS)}; "
+                    f"got {videos!r}"
+                )
+        tps = self.tokens_per_second
+        if isinstance(tps, bool) or not isinstance(tps, numbers.Real) or not tps > 0:
+            raise ValueError(f"tokens_per_second must be a positive number, got {tps!r}")
         _ = self.vision  # validates min_pixels <= max_pixels
 
     @property

@@ -38,12 +38,15 @@ __all__ = [
     "PACKING_SKIPPED",
     "PADDING_MASK",
     "PIXEL_VALUES",
+    "PIXEL_VALUES_VIDEOS",
     "POSITION_IDS",
     "RESTORE_KEY",
     "ROW_KEYS",
     "SAMPLE_MASK",
     "SOURCE_IDS",
     "TOKEN_MASK",
+    "VIDEO_GRID_THW",
+    "VIDEO_SOURCE_INDEX",
     "Pack",
     "PackContractError",
     "Source",
@@ -70,6 +73,9 @@ SOURCE_IDS = "source_ids"  # per pack list[str]
 PIXEL_VALUES = "pixel_values"  # per pack float32 [patches, patch_dim]
 IMAGE_GRID_THW = "image_grid_thw"  # per pack int64 [n_images, 3]
 IMAGE_SOURCE_INDEX = "image_source_index"  # per pack int64 [n_images]
+PIXEL_VALUES_VIDEOS = "pixel_values_videos"  # per pack float32 [patches, patch_dim]
+VIDEO_GRID_THW = "video_grid_thw"  # per pack int64 [n_videos, 3]
+VIDEO_SOURCE_INDEX = "video_source_index"  # per pack int64 [n_videos]
 PACKING_METRICS = "packing_metrics"  # the producing worker's counters
 PACKING_SKIPPED = "packing_skipped"  # (key, reason) of the skips since its previous batch
 RESTORE_KEY = "__restore_key__"  # Energon's restore key (loader.restore_sample)
@@ -88,6 +94,7 @@ BOOKKEEPING_KEYS = frozenset(
         SAMPLE_MASK,
         PADDING_MASK,
         IMAGE_SOURCE_INDEX,
+        VIDEO_SOURCE_INDEX,
         RESTORE_KEY,
         "__key__",
         PACKING_METRICS,
@@ -123,8 +130,9 @@ class Source:
     """One conversation, ready to be laid out.
 
     ``positions`` default to ``0..len-1``; mRoPE callers pass ``[3, len]``. ``media`` holds the
-    conversation's image-aligned model inputs (``pixel_values``, ``image_grid_thw``, ...), each
-    concatenated over its ``images`` images.
+    conversation's image- and video-aligned model inputs (``pixel_values``, ``image_grid_thw``,
+    ``pixel_values_videos``, ``video_grid_thw``, ...), each concatenated over its ``images``
+    images or ``videos`` videos.
     """
 
     key: str
@@ -135,6 +143,7 @@ class Source:
     #: model inputs aligned with the tokens (``mm_token_type_ids``, ...), one value per token
     token_fields: Mapping[str, np.ndarray] = field(default_factory=dict)
     images: int = 0
+    videos: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -149,6 +158,9 @@ class Pack:
     cu_seqlens_padded: np.ndarray  # int32 [n+1]
     source_ids: list[str]
     image_source_index: np.ndarray  # int64 [n_images]
+    video_source_index: np.ndarray = field(  # int64 [n_videos]
+        default_factory=lambda: np.zeros(0, dtype=np.int64)
+    )
     #: image-aligned model inputs of every source, in source order (``pixel_values``, ...)
     media: dict[str, np.ndarray] = field(default_factory=dict)
     #: token-aligned model inputs [W] (0 on padding), laid out like ``input_ids``
@@ -169,6 +181,7 @@ class Pack:
         image_pad_id: int | None = None,
         merge_size: int = 2,
         cp_size: int = 1,
+        video_pad_id: int | None = None,
     ) -> None:
         """Raises :class:`PackContractError` unless this pack meets every invariant."""
         check_pack(
@@ -177,6 +190,7 @@ class Pack:
             image_pad_id=image_pad_id,
             merge_size=merge_size,
             cp_size=cp_size,
+            video_pad_id=video_pad_id,
         )
 
 
@@ -195,7 +209,7 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
     token_mask = np.zeros(width, dtype=np.float32)
     padding_mask = np.ones(width, dtype=bool)
     positions = np.zeros((3, width) if mrope else width, dtype=np.int64)
-    cu, cu_padded, owners = [0], [0], []
+    cu, cu_padded, owners, video_owners = [0], [0], [], []
     media: dict[str, list[np.ndarray]] = {}
     names = dict.fromkeys(name for source in sources for name in source.token_fields)
     tokens = {name: np.zeros(width, dtype=np.int64) for name in names}
@@ -222,6 +236,7 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
         cu.append(cu[-1] + length)
         cu_padded.append(start + extent)
         owners.extend([k] * source.images)
+        video_owners.extend([k] * source.videos)
         for name, value in source.media.items():
             media.setdefault(name, []).append(np.asarray(value))
         for name, value in source.token_fields.items():
@@ -236,6 +251,7 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
         cu_seqlens_padded=np.asarray(cu_padded, dtype=np.int32),
         source_ids=[s.key for s in sources],
         image_source_index=np.asarray(owners, dtype=np.int64),
+        video_source_index=np.asarray(video_owners, dtype=np.int64),
         media={name: _concatenate(parts) for name, parts in media.items()},
         token_fields=tokens,
     )
@@ -292,10 +308,11 @@ def check_pack(
     image_pad_id: int | None = None,
     merge_size: int = 2,
     cp_size: int = 1,
+    video_pad_id: int | None = None,
 ) -> None:
     """Raises :class:`PackContractError` unless ``pack`` meets every invariant of the contract;
-    with ``image_pad_id`` also that each source holds as many image-pad tokens as its images'
-    grids need (Qwen2-VL's ``t*h*w / merge_size**2``)."""
+    with ``image_pad_id`` (``video_pad_id``) also that each source holds as many image-pad
+    (video-pad) tokens as its images' (videos') grids need (``t*h*w / merge_size**2``)."""
     source_ids = pack.source_ids
 
     def fail(key: str, message: str) -> None:
@@ -355,21 +372,26 @@ def check_pack(
         np.asarray(pack.padding_mask), ~real_positions
     ):
         fail(PADDING_MASK, "must be True exactly on pad and tail positions")
-    grids = pack.media.get(IMAGE_GRID_THW)
-    if image_pad_id is not None and grids is not None:
+    for pad_id, grid_key, owner_key, owners in (
+        (image_pad_id, IMAGE_GRID_THW, IMAGE_SOURCE_INDEX, pack.image_source_index),
+        (video_pad_id, VIDEO_GRID_THW, VIDEO_SOURCE_INDEX, pack.video_source_index),
+    ):
+        grids = pack.media.get(grid_key)
+        if pad_id is None or grids is None:
+            continue
         grids = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-        owners = np.asarray(pack.image_source_index, dtype=np.int64)
+        owners = np.asarray(owners, dtype=np.int64)
         if len(owners) != len(grids):
-            fail(IMAGE_SOURCE_INDEX, f"{len(owners)} owners for {len(grids)} images")
+            fail(owner_key, f"{len(owners)} owners for {len(grids)} grids")
         ids = np.asarray(pack.input_ids)
         for i, (s, n) in enumerate(zip(starts, real)):
             expected = int(grids[owners == i].prod(axis=1).sum()) // (merge_size**2)
-            found = int((ids[s : s + n] == image_pad_id).sum())
+            found = int((ids[s : s + n] == pad_id).sum())
             if found != expected:
                 fail(
                     INPUT_IDS,
-                    f"source {i} ({source_ids[i]}) has {found} image-pad tokens, "
-                    f"its images need {expected}",
+                    f"source {i} ({source_ids[i]}) has {found} {grid_key[:5]}-pad tokens, "
+                    f"its {grid_key[:5]}s need {expected}",
                 )
 
 
@@ -400,6 +422,8 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
         SOURCE_IDS: [list(p.source_ids) for p in packs],
         IMAGE_SOURCE_INDEX: [torch.from_numpy(p.image_source_index) for p in packs],
     }
+    if any(len(p.video_source_index) for p in packs):
+        batch[VIDEO_SOURCE_INDEX] = [torch.from_numpy(p.video_source_index) for p in packs]
     for name in dict.fromkeys(name for p in packs for name in p.token_fields):
         batch[name] = torch.stack(
             [
@@ -414,7 +438,7 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
         batch[CU_SEQLENS_PADDED] = [torch.from_numpy(p.cu_seqlens_padded) for p in packs]
     for name in dict.fromkeys(name for p in packs for name in p.media):
         like = next(p.media[name] for p in packs if name in p.media)
-        empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)  # a pack without images
+        empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)  # a pack without this media
         batch[name] = [torch.from_numpy(p.media.get(name, empty)) for p in packs]
     return batch
 
@@ -474,10 +498,11 @@ def pack_from_batch(batch: Mapping[str, Any], row: int) -> Pack:
         positions = array(positions[:, row] if positions.ndim == 3 else positions[row])
     media = {
         name: array(batch[name][row])
-        for name in (PIXEL_VALUES, IMAGE_GRID_THW)
+        for name in (PIXEL_VALUES, IMAGE_GRID_THW, PIXEL_VALUES_VIDEOS, VIDEO_GRID_THW)
         if batch.get(name) is not None
     }
     owners = batch.get(IMAGE_SOURCE_INDEX)
+    video_owners = batch.get(VIDEO_SOURCE_INDEX)
     return Pack(
         input_ids=array(batch[INPUT_IDS][row]),
         token_mask=array(batch[TOKEN_MASK][row]),
@@ -487,5 +512,8 @@ def pack_from_batch(batch: Mapping[str, Any], row: int) -> Pack:
         cu_seqlens_padded=array(batch[CU_SEQLENS_PADDED][row]),
         source_ids=list(batch[SOURCE_IDS][row]),
         image_source_index=array(owners[row]) if owners is not None else np.zeros(0, np.int64),
+        video_source_index=(
+            array(video_owners[row]) if video_owners is not None else np.zeros(0, np.int64)
+        ),
         media=media,
     )

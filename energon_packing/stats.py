@@ -66,9 +66,22 @@ REASONS = {
     "image_too_large": "an image over max_image_pixels (read from the header, nothing decoded)",
     "image_aspect_ratio": "an image with an aspect ratio above 200, upright (Qwen2-VL refuses it; e.g. 1600x7 text lines)",
     "unsupported_image": "an image the processor's family cannot take, or an image for a text-only tokenizer",
+    # videos
+    "missing_video": "a video referenced or listed that the sample does not hold",
+    "duplicate_video": "a video listed or referenced twice",
+    "too_many_videos": "more videos than max_images (the limit on each kind of media)",
+    "unsupported_video": "a video for a layout without videos (a family other than Qwen2/2.5/3-VL, a tokenizer without <|video_pad|>, or PyAV not installed)",
+    "video_unreadable": "a video part that is no container PyAV opens (header unreadable)",
+    "video_no_stream": "a container without a video stream",
+    "video_empty": "a video stream without a frame",
+    "video_no_fps": "sampling by fps, but the stream declares no frame rate",
+    "video_too_short": "fewer frames than the family's sampling needs (e.g. under one temporal patch)",
+    "video_aspect_ratio": "frames with an aspect ratio above 200",
+    "video_too_large": "a video whose sampling takes more than max_video_frames frames, or expands past max_video_tokens (from its header, nothing decoded)",
+    "video_corrupt": "a video whose sampled frames do not decode, or decode otherwise than its header says",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",
-    "overlong_media": "overlong='truncate', but its images end past the pack width",
+    "overlong_media": "overlong='truncate', but its images or videos end past the pack width",
     "overlong_no_trained_token": "overlong='truncate', but nothing trained survives the cut",
     # the unforeseen (bugs): counted toward the 100-in-a-row stop
     "encode_error": "encoding raised an unexpected error",

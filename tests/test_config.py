@@ -270,6 +270,40 @@ def observe_stop(**knobs):
     return None
 
 
+def observe_video(**knobs):
+    """A Qwen2.5-VL pack of a video conversation: its ids and positions, or the skips."""
+    from pathlib import Path
+
+    from energon_packing.loader.samples import ConversationSample
+    from energon_packing.testing.families import build
+
+    clip = Path(__file__).parent / "data" / "video" / "h264_160x120_24fps_3s.mp4"
+    te = PackingTaskEncoder(
+        max_input_seq_length=8192,
+        processor=build("qwen2_5_vl")[0],
+        **{"videos_kwargs": {"do_sample_frames": True, "fps": 2.0}, **knobs},
+    )
+    sample = ConversationSample(
+        __key__="v",
+        __restore_key__=(),
+        __subflavors__={},
+        __sources__=(),
+        messages=[
+            {"role": "user", "content": "<video>What moves?"},
+            {"role": "assistant", "content": "A square."},
+        ],
+        image_names=[],
+        images={},
+        video_names=["clip.mp4"],
+        videos={"clip.mp4": clip.read_bytes()},
+    )
+    try:
+        pack = te.pack_selected_samples([te.encode_sample(sample)]).pack
+    except SkipSample:
+        return dict(te.stats.skipped)
+    return pack.input_ids.tolist(), pack.position_ids.tolist()
+
+
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
 # knob -> (baseline knobs, changed knobs[, observer])
 KNOB_CASES = {
@@ -306,6 +340,10 @@ KNOB_CASES = {
     ),
     "max_skips_without_pack": ({}, {"max_skips_without_pack": 2}, observe_stop),
     "shard_check": ({}, {"shard_check": "size"}, observe_touched_restore),
+    "max_video_frames": ({}, {"max_video_frames": 4}, observe_video),
+    "max_video_tokens": ({}, {"max_video_tokens": 64}, observe_video),
+    "videos_kwargs": ({}, {"videos_kwargs": {"do_sample_frames": True, "fps": 1.0}}, observe_video),
+    "tokens_per_second": ({}, {"tokens_per_second": 4}, observe_video),
 }
 
 

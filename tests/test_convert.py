@@ -8,7 +8,9 @@ planted; the converted folder is read by the real Energon loader through Packing
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -294,7 +296,7 @@ def test_a_problem_written_as_text_by_an_older_sample_loader_is_still_a_skip():
 
 def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):
     """A source folder with a train and a val file; LLaVA-Video records keep their clip as a
-    part (packing video is not there yet: the loader reports them, nothing vanishes)."""
+    part, bytes as they were (the loader packs it: tests/test_video_packs.py)."""
     source = tmp_path / "src"
     corpora.sharegpt_jsonl(source, 6)
     clip = b"\x00\x00\x00\x18ftypmp42" + bytes(64)
@@ -476,3 +478,334 @@ def test_a_failed_run_leaves_no_folder_behind(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
     monkeypatch.undo()
     assert convert(source=source, out=tmp_path / "out").converted == 4  # the rerun is not refused
+
+
+# ---- videos: LLaVA-Video-178K, Video-LLaVA / ShareGPT4Video SFT, HF messages ---------------------
+
+CLIPS = Path(__file__).parent / "data" / "video"
+MP4, WEBM, MOV, MKV = (
+    "h264_48x36_10fps_2s.mp4",
+    "vp9_128x96_20fps_2.5s.webm",
+    "h264_120x80_30fps_1s.mov",
+    "h264_64x64_12fps_5s.mkv",
+)
+
+
+def _clip(folder: Path, relative: str, clip: str = MP4) -> bytes:
+    """A real clip of ``tests/data/video`` copied to ``folder / relative``; its bytes."""
+    target = folder / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(CLIPS / clip, target)
+    return target.read_bytes()
+
+
+def _written(result) -> tuple[list[str], dict[str, bytes]]:
+    """The member names of every shard, in order, and each member's bytes."""
+    names, members = [], {}
+    for shard in result.shards:
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                names.append(member.name)
+                members[member.name] = tar.extractfile(member).read()
+    return names, members
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_llava_video_record_writes_its_image_placeholder_as_the_video(tmp_path):
+    """LLaVA-Video-178K as downloaded: a bucket folder with its ``*_processed.json`` list and
+    the extracted ``academic_source/...`` clips; the record's ``<image>`` is its video."""
+    bucket = tmp_path / "0_30_s_academic_v0_1"
+    clip = _clip(bucket, "academic_source/Charades/RW587.mp4")
+    record = {
+        "id": "RW587",
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat does the person do first?"},
+            {"from": "gpt", "value": "They open a cabinet."},
+            {"from": "human", "value": "What do they take out?"},
+            {"from": "gpt", "value": "A blue cup."},
+        ],
+        "data_source": "0_30_s_academic_v0_1",
+        "video": "academic_source/Charades/RW587.mp4",
+    }
+    source = bucket / "0_30_s_academic_oe_v0_1_qa_processed.json"
+    source.write_text(json.dumps([record], indent=4))
+    out = tmp_path / "out"
+    result = convert(source=source, out=out)  # prepared too: prepare takes video parts
+    names, members = _written(result)
+    assert names == ["r000000000.json", "r000000000.vid0.mp4"]
+    assert json.loads(members["r000000000.json"]) == {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video", "video": "vid0.mp4"},
+                    {"type": "text", "text": "\nWhat does the person do first?"},
+                ],
+            },
+            {"role": "assistant", "content": "They open a cabinet."},
+            {"role": "user", "content": "What do they take out?"},
+            {"role": "assistant", "content": "A blue cup."},
+        ],
+        "videos": ["vid0.mp4"],
+    }
+    assert members["r000000000.vid0.mp4"] == clip  # the file's bytes, not re-encoded
+    from helpers import conversation_sample
+
+    sample = conversation_sample(
+        "r000000000", json.loads(members["r000000000.json"]), {"vid0.mp4": clip}
+    )
+    assert sample.problem is None and sample.video_names == ["vid0.mp4"]  # as the loader reads it
+    assert sample.videos == {"vid0.mp4": clip}
+    assert _lines(out / MAP_FILE) == [
+        {"file": source.name, "index": 0, "id": "RW587", "key": "r000000000"}
+    ]
+    assert not result.reported and (out / ".nv-meta").is_dir()
+
+
+def test_video_placeholders_keep_each_clip_in_place_with_its_extension(tmp_path):
+    """Video-LLaVA's format (ShareGPT4Video's SFT recipe trains on it): ``video`` a path or a
+    list, one ``<video>`` each, in order; the extension is kept, lowercased."""
+    source = tmp_path / "src"
+    first = _clip(source, "clips/a.mp4")
+    second = _clip(source, "clips/b.WEBM", WEBM)
+    record = {
+        "id": "v_two",
+        "video": ["clips/a.mp4", "clips/b.WEBM"],
+        "conversations": [
+            {"from": "human", "value": "<video>\n<video>\nWhich clip is longer?"},
+            {"from": "gpt", "value": "The second."},
+        ],
+    }
+    result = convert(
+        source=_jsonl(source / "sft.jsonl", [record]), out=tmp_path / "out", prepare=False
+    )
+    names, members = _written(result)
+    assert names == ["r000000000.json", "r000000000.vid0.mp4", "r000000000.vid1.webm"]
+    assert json.loads(members["r000000000.json"]) == {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video", "video": "vid0.mp4"},
+                    {"type": "text", "text": "\n"},
+                    {"type": "video", "video": "vid1.webm"},
+                    {"type": "text", "text": "\nWhich clip is longer?"},
+                ],
+            },
+            {"role": "assistant", "content": "The second."},
+        ],
+        "videos": ["vid0.mp4", "vid1.webm"],
+    }
+    assert members["r000000000.vid0.mp4"] == first
+    assert members["r000000000.vid1.webm"] == second
+
+
+def test_messages_with_video_parts_as_chat_templates_write_them(tmp_path):
+    """``{"type": "video", "video"}`` (Qwen, ``file://`` too), transformers' ``path``, the
+    OpenAI-style ``video_url``, a bare part taking the listed video, a ``data:`` URI."""
+    source = tmp_path / "src"
+    mov = _clip(source, "clips/c.mov", MOV)
+    mkv = _clip(source, "clips/d.mkv", MKV)
+    mp4 = (CLIPS / MP4).read_bytes()
+    uri = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
+    parts = [
+        {"type": "video", "video": f"file://{source / 'clips' / 'c.mov'}"},
+        {"type": "video", "path": "clips/c.mov"},
+        {"type": "video_url", "video_url": {"url": "clips/d.mkv"}},
+        {"type": "video"},
+    ]
+    records = [
+        {
+            "id": f"m{i}",
+            "messages": [
+                {"role": "user", "content": [part, {"type": "text", "text": "What moves?"}]},
+                {"role": "assistant", "content": "A square."},
+            ],
+            **({"videos": ["clips/d.mkv"]} if i == 3 else {}),
+        }
+        for i, part in enumerate(parts)
+    ]
+    records.append(
+        {
+            "id": "m4",
+            "messages": [
+                {"role": "user", "content": "<video>\nWhat moves?"},
+                {"role": "assistant", "content": "A square."},
+            ],
+            "videos": [uri],
+        }
+    )
+    result = convert(
+        source=_jsonl(source / "chat.jsonl", records), out=tmp_path / "out", prepare=False
+    )
+    assert result.converted == 5 and not result.reported
+    names, members = _written(result)
+    suffixes = ["mov", "mov", "mkv", "mkv", "mp4"]  # the data: URI's by its container
+    assert names == [
+        name for i, s in enumerate(suffixes) for name in (f"r{i:09d}.json", f"r{i:09d}.vid0.{s}")
+    ]
+    for i, (suffix, data) in enumerate(zip(suffixes, [mov, mov, mkv, mkv, mp4], strict=True)):
+        part = f"vid0.{suffix}"
+        assert json.loads(members[f"r{i:09d}.json"]) == {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "video", "video": part},
+                        {"type": "text", "text": "What moves?" if i < 4 else "\nWhat moves?"},
+                    ],
+                },
+                {"role": "assistant", "content": "A square."},
+            ],
+            "videos": [part],
+        }
+        assert members[f"r{i:09d}.{part}"] == data
+
+
+def test_a_record_with_an_image_and_a_video_lists_both(tmp_path):
+    """Placeholders place each; without them the video leads, then the image (Video-LLaVA's
+    order); with an ``image`` field ``<image>`` stays the image."""
+    source = tmp_path / "src"
+    clip = _clip(source, "clips/a.mp4")
+    image = _jpeg(5)
+    (source / "imgs").mkdir()
+    (source / "imgs" / "a.jpg").write_bytes(image)
+    media = {"image": "imgs/a.jpg", "video": "clips/a.mp4"}
+    answer = {"from": "gpt", "value": "No."}
+    records = [
+        {"id": "placed", **media, "conversations": [
+            {"from": "human", "value": "<video>\n<image>\nIs the photo from the clip?"}, answer]},
+        {"id": "lead", **media, "conversations": [
+            {"from": "human", "value": "Is the photo from the clip?"}, answer]},
+        {"id": "image", **media, "conversations": [
+            {"from": "human", "value": "<image>\nIs the photo from the clip?"}, answer]},
+    ]  # fmt: skip
+    result = convert(
+        source=_jsonl(source / "mixed.jsonl", records), out=tmp_path / "out", prepare=False
+    )
+    names, members = _written(result)
+    assert names == [  # each record's parts in the order they are first used
+        *("r000000000.json", "r000000000.vid0.mp4", "r000000000.img0.jpg"),
+        *("r000000001.json", "r000000001.vid0.mp4", "r000000001.img0.jpg"),
+        *("r000000002.json", "r000000002.img0.jpg", "r000000002.vid0.mp4"),
+    ]
+    video, picture = {"type": "video", "video": "vid0.mp4"}, {"type": "image", "image": "img0.jpg"}
+    question = {"type": "text", "text": "Is the photo from the clip?"}
+    newline_question = {"type": "text", "text": "\nIs the photo from the clip?"}
+    expected_content = [
+        [video, {"type": "text", "text": "\n"}, picture, newline_question],
+        [video, picture, question],
+        [video, picture, newline_question],
+    ]
+    for i, content in enumerate(expected_content):
+        assert json.loads(members[f"r{i:09d}.json"]) == {
+            "messages": [
+                {"role": "user", "content": content},
+                {"role": "assistant", "content": "No."},
+            ],
+            "images": ["img0.jpg"],
+            "videos": ["vid0.mp4"],
+        }
+        assert members[f"r{i:09d}.vid0.mp4"] == clip and members[f"r{i:09d}.img0.jpg"] == image
+
+
+def test_videos_missing_or_not_video_files_are_reported_with_id_and_path(tmp_path):
+    source = tmp_path / "src"
+    clip = _clip(source, "clips/ok.mp4")
+    _clip(source, "clips/old.flv")  # an mp4 under another extension
+    (source / "clips" / "lfs.mp4").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 5780\n"
+    )
+    (source / "frames" / "v_1").mkdir(parents=True)  # ShareGPTVideo's videos: frame folders
+    for i in range(3):
+        (source / "frames" / "v_1" / f"c01_{i:04d}.jpg").write_bytes(_jpeg(i))
+    turns = [{"from": "human", "value": "<video>\nWhat?"}, {"from": "gpt", "value": "This."}]
+    videos = ["clips/ok.mp4", "clips/missing.mp4", "clips/lfs.mp4", "clips/old.flv",
+              "frames/v_1", "https://example.com/v.mp4"]  # fmt: skip
+    records = [{"id": f"v{i}", "video": v, "conversations": turns} for i, v in enumerate(videos)]
+    records += [
+        {  # LLaVA-Video with two <image> for its one video
+            "id": "twice",
+            "video": "clips/ok.mp4",
+            "conversations": [{"from": "human", "value": "<image> <image>\nWhat?"}, turns[1]],
+        },
+        {  # ShareGPT4Video's caption file: no conversation
+            "video_id": "abc",
+            "video_path": "abc.mp4",
+            "captions": [{"idx": "-1", "content": "A dog runs."}],
+            "zip_folder": "panda_videos_1.zip",
+        },
+    ]
+    path = _jsonl(source / "videos.jsonl", records)
+    result = convert(source=path, out=tmp_path / "out", prepare=False)
+    assert (result.converted, result.reported) == (
+        1,
+        {"missing_video": 2, "unreadable_video": 3, "malformed_record": 2},
+    )
+    report = _lines(tmp_path / "out" / REPORT_FILE)
+    assert [(r["file"], r["index"], r["reason"]) for r in report] == [
+        ("videos.jsonl", 1, "missing_video"),
+        ("videos.jsonl", 2, "unreadable_video"),
+        ("videos.jsonl", 3, "unreadable_video"),
+        ("videos.jsonl", 4, "unreadable_video"),
+        ("videos.jsonl", 5, "missing_video"),
+        ("videos.jsonl", 6, "malformed_record"),
+        ("videos.jsonl", 7, "malformed_record"),
+    ]
+    details = [r["detail"] for r in report]
+    assert details[0] == (
+        f"video file 'clips/missing.mp4' (record id 'v1') not found at "
+        f"{source / 'clips' / 'missing.mp4'}: put it there, or pass --media-root the folder the "
+        "record's paths are relative to"
+    )
+    assert details[1].startswith("video file 'clips/lfs.mp4' (record id 'v2') is not a video")
+    assert "Git LFS pointer" in details[1]
+    assert details[2].startswith("video file 'clips/old.flv' (record id 'v3'): extension .flv")
+    assert details[3].startswith("video file 'frames/v_1' (record id 'v4') is a folder (3 files)")
+    assert details[4].startswith("video file 'https://example.com/v.mp4' (record id 'v5') is a URL")
+    assert details[5] == (
+        "2 <video> placeholder(s) for 1 video(s) (record id 'twice'); its <image> placeholders "
+        "stand for its video (a LLaVA-Video record)"
+    )
+    assert details[6].startswith("a caption record (1 captions of video 'abc')")
+    _, members = _written(result)
+    assert members["r000000000.vid0.mp4"] == clip
+
+    cli = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / "cli"), "--strict"])
+    assert cli.exit_code == 1
+    assert "reported 7 (malformed_record 2, missing_video 2, unreadable_video 3)" in cli.output
+
+
+def test_dataset_video_entries_keep_their_bytes_and_name_their_container(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    webm, mp4 = (CLIPS / WEBM).read_bytes(), (CLIPS / MP4).read_bytes()
+    row = {
+        "messages": [
+            {"role": "user", "content": "<video>\nWhat moves?"},
+            {"role": "assistant", "content": "A square."},
+        ]
+    }
+    table = pa.Table.from_pylist(
+        [
+            {**row, "videos": [{"bytes": webm, "path": None}]},  # named by its container
+            {**row, "videos": [{"bytes": mp4, "path": "clip.MOV"}]},  # by its path
+        ]
+    )
+    pq.write_table(table, tmp_path / "rows.parquet")
+    result = convert(source=tmp_path / "rows.parquet", out=tmp_path / "out", prepare=False)
+    names, members = _written(result)
+    assert names == [
+        "r000000000.json",
+        "r000000000.vid0.webm",
+        "r000000001.json",
+        "r000000001.vid0.mov",
+    ]
+    assert members["r000000000.vid0.webm"] == webm and members["r000000001.vid0.mov"] == mp4
+    assert json.loads(members["r000000001.json"])["videos"] == ["vid0.mov"]

@@ -37,8 +37,10 @@ def changed_value(knob, value):
     """Another valid value of ``knob`` than ``value``, from its type and declaration."""
     if knob.choices:
         return next(c for c in knob.choices if c != value)
-    if knob.restore == MAY_RAISE:
-        return value - 1  # lowering may refuse a conversation waiting in the buffer
+    if knob.restore == MAY_RAISE:  # lowering may refuse a conversation waiting in the buffer
+        return 3 if value is None else value - 1  # None: no limit (max_video_tokens)
+    if knob.name == "videos_kwargs":
+        return {"fps": 1.0}
     if isinstance(value, bool):
         return not value
     if value is None:  # an optional int such as max_per_pack
@@ -88,9 +90,10 @@ def test_a_changed_pack_deciding_knob_refuses_the_restore(knob, saved_states):
 
 
 def test_the_cases_cover_every_declared_pack_deciding_knob():
-    """Only chat_template_kwargs (processor path) is left to the processor test."""
+    """Only chat_template_kwargs and tokens_per_second (processor path) are left to the
+    processor test."""
     left = {k.name for k in KNOBS if k.decides} - {k.name for k in DECIDING}
-    assert left == {"chat_template_kwargs"}
+    assert left == {"chat_template_kwargs", "tokens_per_second"}
     assert len(DECIDING) >= 20
 
 

@@ -66,11 +66,11 @@ def test_a_tokenizer_is_required_and_the_bundled_one_is_named():
     from energon_packing import PackingTaskEncoder
 
     with pytest.raises(
-        ValueError, match="tokenizer is required.*'bundled' is the 1,633-token demo"
+        ValueError, match="tokenizer is required.*'bundled' is the 1,634-token demo"
     ):
         PackingTaskEncoder(max_input_seq_length=64)
     te = PackingTaskEncoder(max_input_seq_length=64, tokenizer="bundled")
-    assert te.tokenizer.name == "bundled" and te.tokenizer.vocab_size == 1633
+    assert te.tokenizer.name == "bundled" and te.tokenizer.vocab_size == 1634
 
 
 def test_fingerprints_name_the_tokenizer_and_the_builtin_layout(tmp_path):

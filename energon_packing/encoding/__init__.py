@@ -11,21 +11,39 @@ computes 1-D or mRoPE positions of one conversation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
+    from energon_packing.encoding.chat import ChatLayout, VideoCosting
 
-__all__ = ["make_chat"]
+__all__ = ["BUILTIN_VIDEO_SETTINGS", "make_chat"]
+
+#: The built-in layout's video settings: Qwen2-VL's video processor, sampling at 2 fps (the
+#: qwen-vl-utils value; Qwen2-VL's own defaults would keep every frame).
+BUILTIN_VIDEO_SETTINGS = {"do_sample_frames": True, "fps": 2.0}
 
 
-def make_chat(*, tokenizer: Any = None, processor: Any = None, config: PackingConfig) -> Any:
+def make_chat(
+    *,
+    tokenizer: Any = None,
+    processor: Any = None,
+    config: PackingConfig,
+    videos: Callable[..., VideoCosting] | None = None,
+) -> ChatLayout:
     """The layout a task encoder uses: :class:`.builtin.BuiltinChat` over ``tokenizer``, or
     :class:`.processor.ProcessorChat` over ``processor`` (an object, or a local directory:
     :func:`.processor_loading.load_processor`, which builds the family's processor or raises).
 
     On a processor path the family decides mRoPE: ``mrope=True`` for a family without it, or an
     explicit ``mrope=False`` for one with it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), raises.
+
+    ``videos(family, settings, overrides=...)`` builds the layout's video side for a family
+    that takes videos (the task encoder passes ``energon_packing.media.video``'s; this room
+    never imports torch): the built-in layout follows Qwen2-VL's rules
+    (:data:`BUILTIN_VIDEO_SETTINGS`), a processor its own video processor's settings; both
+    under ``videos_kwargs``.
     """
     if processor is not None and tokenizer is not None:
         raise ValueError(
@@ -39,15 +57,41 @@ def make_chat(*, tokenizer: Any = None, processor: Any = None, config: PackingCo
 
         if getattr(config, "chat_template_kwargs", None):
             raise ValueError("chat_template_kwargs applies to processor=, not to tokenizer=")
-        return BuiltinChat(
+        chat = BuiltinChat(
             ChatTokenizer(tokenizer), mrope=bool(mrope), vision=getattr(config, "vision", None)
         )
+        if videos is not None:
+            vision = config.vision
+            settings = {
+                **BUILTIN_VIDEO_SETTINGS,
+                "patch_size": vision.patch_size,
+                "merge_size": vision.merge_size,
+                "temporal_patch_size": vision.temporal_patch_size,
+            }
+            chat.videos = videos(chat.video_family, settings, overrides=config.videos_kwargs)
+        return chat
+    from energon_packing.config import knob
     from energon_packing.encoding.processor import ProcessorChat
     from energon_packing.encoding.processor_loading import load_processor
 
     if isinstance(processor, str) or hasattr(processor, "__fspath__"):
         processor = load_processor(processor)
-    chat = ProcessorChat(processor, chat_template_kwargs=config.chat_template_kwargs)
+    tokens_per_second = getattr(config, "tokens_per_second", knob("tokens_per_second").default)
+    chat = ProcessorChat(
+        processor,
+        chat_template_kwargs=config.chat_template_kwargs,
+        tokens_per_second=tokens_per_second,
+    )
+    if tokens_per_second != knob("tokens_per_second").default and (
+        chat.family_name != "qwen2_5_vl"
+    ):
+        raise ValueError(
+            f"tokens_per_second={tokens_per_second} applies to Qwen2.5-VL only, not to "
+            f"{chat.family_name} ({chat.name}), whose video positions have no time scale"
+        )
+    if videos is not None and chat.video_family is not None:
+        overrides = getattr(config, "videos_kwargs", None)
+        chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)
     if mrope and chat.mrope is None:
         raise ValueError(
             f"mrope=True, but {chat.family_name} ({chat.name}) does not use mRoPE positions; on "

@@ -1,12 +1,14 @@
-"""Conversation -> token ids, loss mask and image placeholders (ChatML + Qwen2-VL vision tokens).
+"""Conversation -> token ids, loss mask and media placeholders (ChatML + Qwen2-VL vision tokens).
 
     <|im_start|>user\\n<|vision_start|><|image_pad|> x N<|vision_end|>What is red?<|im_end|>\\n
     <|im_start|>assistant\\nThe circle.<|im_end|>\\n
                            ^^^^^^^^^^^^^^^^^^^^^^^ token_mask = loss weight, 0 elsewhere
 
-N = t*h*w/4 for an image of grid (t, h, w), computed from the image *header*: nothing is
-decoded here; :meth:`BuiltinChat.source` decodes for the pack being emitted. The default path:
-no transformers needed. Pure: no Energon, no torch.
+N = t*h*w/4 for an image of grid (t, h, w), computed from the image *header*; a video is
+``<|vision_start|><|video_pad|> x N<|vision_end|>`` with its grid from the container header
+(Qwen2-VL's video processor rules: :class:`~.chat.VideoCosting`). Nothing is decoded here;
+:meth:`BuiltinChat.sources` decodes for the pack being emitted. The default path: no
+transformers needed. Pure: no Energon, no torch.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from energon_packing.encoding.chat import (
+    IMAGE,
     WHOLE_MESSAGES,
+    Skip,
+    VideoCosting,
     fit_to_capacity,
     image_sizes,
     read_conversation,
+    video_plans,
 )
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
@@ -43,6 +49,8 @@ class Encoding:
     #: indices into the document's ``images`` list, in order of appearance in the text
     image_order: list[int] = field(default_factory=list)
     grids: list[tuple[int, int, int]] = field(default_factory=list)
+    #: indices into the document's ``videos`` list, in order of appearance
+    video_order: list[int] = field(default_factory=list)
     #: tokens removed by ``overlong="truncate"``
     truncated: int = 0
 
@@ -57,9 +65,12 @@ def encode(
     messages: Sequence[Any],
     image_names: Sequence[str],
     images: Mapping[str, bytes],
+    video_names: Sequence[str] = (),
+    videos: Mapping[str, bytes] | None = None,
     loss_weight: float,
     tokenizer: ChatTokenizer,
     config: PackingConfig,
+    video_side: VideoCosting | None = None,
 ) -> Encoding:
     """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`.
 
@@ -69,9 +80,23 @@ def encode(
     c = read_conversation(
         messages=messages,
         image_names=image_names,
+        video_names=video_names,
         loss_weight=loss_weight,
         config=config,
         find_special=tokenizer.find_special,
+    )
+    special = tokenizer.special
+    if c.videos.order and special.video_pad is None:
+        raise Skip(
+            "unsupported_video",
+            f"tokenizer {tokenizer.name} has no <|video_pad|> token, which videos need",
+        )
+    plans = video_plans(
+        c.videos,
+        video_names=video_names,
+        videos=videos or {},
+        side=video_side,
+        layout="this layout (no video side: the task encoder attaches one)",
     )
     vision = config.vision
     grids = [
@@ -81,12 +106,11 @@ def encode(
         )
     ]
 
-    special = tokenizer.special
     ids: list[int] = []
     mask: list[float] = []
-    media_end = 0  # the token after the last image
+    media_end = 0  # the token after the last image or video
     newline = tokenizer.encode_fixed("\n")
-    grid_iter = iter(grids)
+    grid_iter, plan_iter = iter(grids), iter(plans)
 
     def emit(tokens: Sequence[int], weight: float) -> None:
         ids.extend(tokens)
@@ -99,14 +123,23 @@ def encode(
         for piece in pieces:
             if isinstance(piece, str):
                 emit(tokenizer.encode(piece), trains)  # plain text: never a special id
-            else:  # images are context, never trained
-                pads = [special.image_pad] * tokens_for(next(grid_iter), vision)
+            else:  # images and videos are context, never trained
+                if piece.kind == IMAGE:
+                    pads = [special.image_pad] * tokens_for(next(grid_iter), vision)
+                else:
+                    pads = [special.video_pad] * next(plan_iter).tokens
                 emit([special.vision_start, *pads, special.vision_end], 0.0)
                 media_end = len(ids)
         emit([special.im_end], trains)
         emit(newline, trains if whole else 0.0)
     mask[0] = 0.0  # no source predicts across a pack boundary
-    encoding = Encoding(input_ids=ids, token_mask=mask, image_order=c.refs.order, grids=grids)
+    encoding = Encoding(
+        input_ids=ids,
+        token_mask=mask,
+        image_order=c.refs.order,
+        grids=grids,
+        video_order=c.videos.order,
+    )
     return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
 
 
@@ -115,17 +148,29 @@ class BuiltinChat:
     what a conversation costs (:meth:`encode`) and what it becomes in a pack (:meth:`source`)."""
 
     family_name = "builtin"
+    #: the family whose video processor rules the built-in layout follows
+    video_family = "qwen2_vl"
 
     def __init__(
-        self, tokenizer: ChatTokenizer, *, mrope: bool, vision: VisionConfig | None = None
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        mrope: bool,
+        vision: VisionConfig | None = None,
+        videos: VideoCosting | None = None,
     ):
         self.tokenizer = tokenizer
         self.vision = vision
+        self.videos = videos
         special = tokenizer.special
         self.pad_id = special.pad
         self.image_token_id = special.image_pad
         self.mrope = (
-            MRope(vision_start_id=special.vision_start, image_pad_id=special.image_pad)
+            MRope(
+                vision_start_id=special.vision_start,
+                image_pad_id=special.image_pad,
+                video_pad_id=special.video_pad,
+            )
             if mrope
             else None
         )
@@ -144,12 +189,26 @@ class BuiltinChat:
             "special": asdict(self.tokenizer.special),
             "vision": asdict(self.vision) if self.vision is not None else None,
             "mrope": asdict(self.mrope) if self.mrope is not None else None,
+            "videos": repr(getattr(self.videos, "rule", None)),
         }
         blob = json.dumps(parts, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def encode(self, *, config: PackingConfig, **fields: Any) -> Encoding:
-        return encode(tokenizer=self.tokenizer, config=config, **fields)
+        return encode(tokenizer=self.tokenizer, config=config, video_side=self.videos, **fields)
+
+    def sources(
+        self, *, items: Sequence[Mapping[str, Any]], config: PackingConfig
+    ) -> list[Source | Exception]:
+        """:meth:`source` of each of one pack's conversations (``items``: its keyword
+        arguments), or the exception that conversation alone fails with."""
+        out: list[Source | Exception] = []
+        for item in items:
+            try:
+                out.append(self.source(config=config, **item))
+            except Exception as e:
+                out.append(e)
+        return out
 
     def empty_media(self, config: PackingConfig) -> dict[str, np.ndarray]:
         """The media of a pack without images (the built-in path always has both keys)."""
@@ -166,13 +225,14 @@ class BuiltinChat:
         token_mask: np.ndarray,
         images: Sequence[bytes],
         config: PackingConfig,
+        videos: Sequence[bytes] = (),
         **_: Any,
     ) -> Source:
-        """Decodes the conversation's images and checks its tokens against them.
+        """Decodes the conversation's images and videos and checks its tokens against them.
 
         Raises:
-            Skip: an image does not decode (a data skip).
-            ValueError: the tokens do not match the images (a bug: it would corrupt its pack).
+            Skip: an image or a video does not decode (a data skip).
+            ValueError: the tokens do not match the media (a bug: it would corrupt its pack).
         """
         vision = config.vision  # built and validated on each access: once per conversation
         decoded = [
@@ -185,14 +245,19 @@ class BuiltinChat:
             for data in images
         ]
         grids = [grid for _, grid in decoded]
+        plans = [self.videos.plan(data) for data in videos] if videos else []
+        clips = [self.videos.media(data) for data in videos] if videos else []
         special, ids = self.tokenizer.special, np.asarray(input_ids)
         starts = int((ids == special.vision_start).sum())
         pads = int((ids == special.image_pad).sum())
         need = sum(tokens_for(g, vision) for g in grids)
-        if starts != len(grids) or pads != need:
+        video_pads = int((ids == special.video_pad).sum()) if videos else 0
+        video_need = sum(p.tokens for p in plans)
+        if starts != len(grids) + len(plans) or pads != need or video_pads != video_need:
             raise ValueError(
-                f"{starts} vision-start and {pads} image-pad tokens for {len(grids)} image(s) "
-                f"that need {need}"
+                f"{starts} vision-start, {pads} image-pad and {video_pads} video-pad tokens for "
+                f"{len(grids)} image(s) that need {need} and {len(plans)} video(s) that need "
+                f"{video_need}"
             )
         media = self.empty_media(config)
         if decoded:
@@ -200,11 +265,17 @@ class BuiltinChat:
                 PIXEL_VALUES: np.concatenate([p for p, _ in decoded]),
                 IMAGE_GRID_THW: np.asarray(grids, dtype=np.int64).reshape(-1, 3),
             }
+        for name in clips[0] if clips else ():
+            media[name] = np.concatenate([clip[name] for clip in clips])
+        positions = None
+        if self.mrope:
+            positions = mrope_positions(ids, grids, self.mrope, videos=plans)
         return Source(
             key=key,
             input_ids=input_ids,
             token_mask=token_mask,
-            positions=mrope_positions(ids, grids, self.mrope) if self.mrope else None,
+            positions=positions,
             media=media,
             images=len(grids),
+            videos=len(plans),
         )

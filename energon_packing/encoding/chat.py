@@ -1,9 +1,11 @@
-"""A conversation document -> turns of text and image references (format-agnostic).
+"""A conversation document -> turns of text and media references (format-agnostic).
 
-Both content styles are read: a string with ``<image>`` placeholders (LLaVA style) or a list of
-``{"type": "text", "text": ...}`` / ``{"type": "image", "image": name}`` parts (Hugging Face
-style). Images are resolved against the document's ``images`` list. Every problem is a
-:class:`Skip` with a skip-report reason. Pure: no Energon, no torch.
+Both content styles are read: a string with ``<image>`` / ``<video>`` placeholders (LLaVA
+style) or a list of ``{"type": "text", "text": ...}``, ``{"type": "image", "image": name}`` and
+``{"type": "video", "video": name}`` parts (Hugging Face style). Images are resolved against the
+document's ``images`` list, videos against its ``videos`` list. Every problem is a :class:`Skip`
+with a skip-report reason. Also :class:`ChatLayout`, what both layouts (built-in and processor)
+offer the task encoder. Pure: no Energon, no torch.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from energon_packing.config import Limits
-from energon_packing.encoding.images import may_be_image, probe
+from energon_packing.encoding.images import VIDEO_SUFFIXES, may_be_image, may_be_video, probe
 from energon_packing.errors import Skip, quote
 from energon_packing.packing.algorithms import round_up
 
@@ -24,17 +26,24 @@ if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
 
 __all__ = [
+    "IMAGE",
     "IMAGE_PLACEHOLDER",
     "MAX_LOSS_WEIGHT",
     "MIN_LOSS_WEIGHT",
     "ROLES",
+    "VIDEO",
+    "VIDEO_PLACEHOLDER",
     "WHOLE_MESSAGES",
+    "ChatLayout",
     "Conversation",
     "ImageRefs",
     "Limits",
+    "Media",
+    "MediaRefs",
     "OverlongError",
     "Skip",
     "Turn",
+    "VideoCosting",
     "brief",
     "check_loss_weight",
     "fit_to_capacity",
@@ -42,13 +51,27 @@ __all__ = [
     "parse_turns",
     "read_conversation",
     "trained_turns",
+    "video_plans",
 ]
 
 ROLES = ("system", "user", "assistant")
+IMAGE, VIDEO = "image", "video"
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 
-#: ``(role, pieces)``: a piece is text, or the index of an image in the document's list.
-Turn = tuple[str, list[str | int]]
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Media:
+    """A media piece of a turn: the ``index``-th entry of the document's ``images`` or
+    ``videos`` list (``kind``)."""
+
+    kind: str
+    index: int
+
+
+#: ``(role, pieces)``: a piece is text or a :class:`Media` reference.
+Turn = tuple[str, list["str | Media"]]
 
 
 #: UTF-16 surrogates cannot be encoded; JSON's "\ud800" escapes produce them in Python strings.
@@ -72,60 +95,85 @@ class OverlongError(ValueError):
     """``overlong="error"``: a conversation does not fit the pack width."""
 
 
-class ImageRefs:
-    """Resolves image references (``<image>`` placeholders in order, or parts by name)."""
+class MediaRefs:
+    """Resolves one kind's references (placeholders in order, or parts by name) against the
+    document's list of that kind (``images`` or ``videos``)."""
 
-    def __init__(self, names: Sequence[str], *, max_images: int | None = None):
-        if max_images is not None and len(names) > max_images:
+    def __init__(
+        self,
+        names: Sequence[str],
+        *,
+        kind: str = IMAGE,
+        max_count: int | None = None,
+        knob: str = "max_images",
+    ):
+        self.kind = kind
+        if max_count is not None and len(names) > max_count:
             raise Skip(
-                "too_many_images",
-                f"{len(names)} images listed, more than max_images={max_images}",
+                f"too_many_{kind}s", f"{len(names)} {kind}s listed, more than {knob}={max_count}"
             )
         self.names = list(names)
         self.index: dict[str, int] = {}
         for i, name in enumerate(self.names):
             if name in self.index:
-                raise Skip("duplicate_image", f"image {brief(name)} is listed twice in 'images'")
+                raise Skip(
+                    f"duplicate_{kind}", f"{kind} {brief(name)} is listed twice in '{kind}s'"
+                )
             self.index[name] = i
         self.used = [False] * len(self.names)
         self.order: list[int] = []
         self._next = 0
 
-    def take(self, name: str | None) -> int:
+    def take(self, name: str | None) -> Media:
+        kind = self.kind
         if name is None:
             while self._next < len(self.names) and self.used[self._next]:
                 self._next += 1
             if self._next == len(self.names):
                 raise Skip(
                     "placeholder_mismatch",
-                    f"more image references than the {len(self.names)} image(s) in 'images'",
+                    f"more {kind} references than the {len(self.names)} {kind}(s) in '{kind}s'",
                 )
             i = self._next
         else:
             if name not in self.index:
-                raise Skip("missing_image", f"image part {brief(name)} is not in the 'images' list")
+                raise Skip(
+                    f"missing_{kind}", f"{kind} part {brief(name)} is not in the '{kind}s' list"
+                )
             i = self.index[name]
             if self.used[i]:
-                raise Skip("duplicate_image", f"image {brief(name)} is referenced twice")
+                raise Skip(f"duplicate_{kind}", f"{kind} {brief(name)} is referenced twice")
         self.used[i] = True
         self.order.append(i)
-        return i
+        return Media(kind=kind, index=i)
 
     def check_all_used(self) -> None:
         unused = [n for n, u in zip(self.names, self.used) if not u]
         if unused:
+            placeholder = IMAGE_PLACEHOLDER if self.kind == IMAGE else VIDEO_PLACEHOLDER
             raise Skip(
                 "placeholder_mismatch",
-                f"{len(self.names)} image(s) listed but {len(unused)} never referenced "
-                f"({brief(', '.join(map(str, unused)))}); add an {IMAGE_PLACEHOLDER} or an "
-                f"image part",
+                f"{len(self.names)} {self.kind}(s) listed but {len(unused)} never referenced "
+                f"({brief(', '.join(map(str, unused)))}); add a {placeholder} or a "
+                f"{self.kind} part",
             )
 
 
+class ImageRefs(MediaRefs):
+    """:class:`MediaRefs` of the document's ``images``."""
+
+    def __init__(self, names: Sequence[str], *, max_images: int | None = None):
+        super().__init__(names, kind=IMAGE, max_count=max_images)
+
+
 def parse_turns(
-    messages: Sequence[Any], images: ImageRefs, *, limits: Limits | None = None
+    messages: Sequence[Any],
+    images: MediaRefs,
+    *,
+    videos: MediaRefs | None = None,
+    limits: Limits | None = None,
 ) -> list[Turn]:
-    """Messages -> ``[(role, pieces)]`` where a piece is text or an image index.
+    """Messages -> ``[(role, pieces)]`` where a piece is text or a :class:`Media` reference.
 
     With ``limits``, the turn count is checked before anything is read and the text length as it
     is read, so a hostile conversation costs at most ``limits`` of work before its rejection.
@@ -137,6 +185,9 @@ def parse_turns(
             "too_many_turns", f"{len(messages):,} messages, more than max_turns={limits.max_turns}"
         )
     budget = limits.max_text_chars if limits is not None else None
+    videos = videos if videos is not None else MediaRefs([], kind=VIDEO)
+    refs = {IMAGE: images, VIDEO: videos}
+    placeholders = {IMAGE_PLACEHOLDER: images, VIDEO_PLACEHOLDER: videos}
     chars = 0
     turns = []
     for m, message in enumerate(messages):
@@ -147,14 +198,13 @@ def parse_turns(
             raise Skip(
                 "unknown_role", f"messages[{m}] has role {brief(role)}; valid: {', '.join(ROLES)}"
             )
-        pieces: list[str | int] = []
+        pieces: list[str | Media] = []
         if isinstance(content, str):
             chars = _count(chars + len(content), budget, m)  # before split copies anything
-            texts = content.split(IMAGE_PLACEHOLDER)
-            for k, text in enumerate(texts):
-                if k:
-                    pieces.append(images.take(None))
-                if text:  # "<image>\nWhat?" is [image, "\nWhat?"], as a parts list writes it
+            for text in _PLACEHOLDERS.split(content):
+                if text in placeholders:
+                    pieces.append(placeholders[text].take(None))
+                elif text:  # "<image>\nWhat?" is [image, "\nWhat?"], as a parts list writes it
                     pieces.append(_text(text, m))
         elif isinstance(content, list):
             for p, part in enumerate(content):
@@ -162,18 +212,20 @@ def parse_turns(
                 if kind == "text" and isinstance(part.get("text"), str):
                     chars = _count(chars + len(part["text"]), budget, m)
                     pieces.append(_text(part["text"], m))
-                elif kind == "image" and isinstance(part.get("image", ""), str):
-                    pieces.append(images.take(part.get("image")))
+                elif kind in refs and isinstance(part.get(kind, ""), str):
+                    pieces.append(refs[kind].take(part.get(kind)))
                 else:
                     raise Skip(
                         "malformed_message",
-                        f"messages[{m}].content[{p}] must be {{'type': 'text', 'text': str}} or "
-                        f"{{'type': 'image', 'image': name}}",
+                        f"messages[{m}].content[{p}] must be {{'type': 'text', 'text': str}}, "
+                        f"{{'type': 'image', 'image': name}} or {{'type': 'video', 'video': "
+                        f"name}}",
                     )
         else:
             raise Skip("malformed_message", f"messages[{m}].content is {type(content).__name__}")
         turns.append((role, pieces))
     images.check_all_used()
+    videos.check_all_used()
     return turns
 
 
@@ -232,7 +284,8 @@ class Conversation:
     """A document's checked turns: what every chat layout starts from."""
 
     weight: float
-    refs: ImageRefs
+    refs: MediaRefs
+    videos: MediaRefs
     turns: list[Turn]
     #: indices into ``turns`` whose tokens train (``train_on``)
     trained: set[int]
@@ -242,6 +295,7 @@ def read_conversation(
     *,
     messages: Sequence[Any],
     image_names: Sequence[str],
+    video_names: Sequence[str] = (),
     loss_weight: Any,
     config: PackingConfig,
     find_special: Callable[[str], str | None],
@@ -252,7 +306,8 @@ def read_conversation(
     weight = check_loss_weight(loss_weight)
     limits = config.limits  # built on each access
     refs = ImageRefs(image_names, max_images=limits.max_images)
-    turns = parse_turns(messages, refs, limits=limits)
+    videos = MediaRefs(video_names, kind=VIDEO, max_count=limits.max_images)
+    turns = parse_turns(messages, refs, videos=videos, limits=limits)
     trained = trained_turns([role for role, _ in turns], config.train_on)
     if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
         raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
@@ -265,7 +320,7 @@ def read_conversation(
                         f"messages[{m}] spells the special token {found!r} "
                         f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
                     )
-    return Conversation(weight=weight, refs=refs, turns=turns, trained=trained)
+    return Conversation(weight=weight, refs=refs, videos=videos, turns=turns, trained=trained)
 
 
 def image_sizes(
@@ -291,9 +346,57 @@ def image_sizes(
     return sizes
 
 
-def _why_absent(name: str, images: Mapping[str, bytes]) -> str:
+class VideoCosting(Protocol):
+    """What a layout needs of videos (``energon_packing.media.video.VideoSide`` is one; the
+    encoding room never imports it: torch and PyAV live there)."""
+
+    fields: tuple[str, ...]
+
+    def plan(self, data: bytes) -> Any:
+        """The video's plan from its header (``grid``, ``tokens``, ``expansion(...)``,
+        ``rope_grids()``, ``time_intervals(...)``); :class:`Skip` if it cannot be used."""
+
+    def media(self, data: bytes) -> dict[str, np.ndarray]:
+        """The video's model inputs, decoded now and checked against its plan."""
+
+
+def video_plans(
+    refs: MediaRefs,
+    *,
+    video_names: Sequence[str],
+    videos: Mapping[str, bytes],
+    side: VideoCosting | None,
+    layout: str,
+) -> list[Any]:
+    """The plan of each referenced video in order of appearance, from its header (nothing
+    decoded); a missing or unusable video is a :class:`Skip`."""
+    plans = []
+    for i in refs.order:
+        name = video_names[i]
+        if name not in videos:
+            raise Skip(
+                "missing_video",
+                f"video {brief(name)} is listed but {_why_absent(name, videos, kind=VIDEO)}",
+            )
+        if side is None:
+            raise Skip("unsupported_video", f"video {brief(name)}: {layout} takes no videos")
+        try:
+            plans.append(side.plan(videos[name]))
+        except Skip as e:
+            raise Skip(e.reason, f"video {brief(name)}: {e.detail}") from None
+    return plans
+
+
+def _why_absent(name: str, images: Mapping[str, bytes], *, kind: str = IMAGE) -> str:
     if "/" in name:  # WebDataset's rule: the key is everything before the file name's first dot
         return "a part name cannot hold '/' (the tar member would belong to another key)"
+    if kind == VIDEO and not may_be_video(name):
+        return (
+            f"only parts named *.{', *.'.join(sorted(VIDEO_SUFFIXES))} are read as videos "
+            f"(VIDEO_SUFFIXES)"
+        )
+    if kind == VIDEO:
+        return f"the shard sample has no such part (its video parts: {brief(sorted(images))})"
     if not may_be_image(name):
         suffix = name.rpartition(".")[2]
         return (
@@ -307,8 +410,8 @@ def fit_to_capacity(
 ) -> Any:
     """Applies the ``overlong`` policy to an encoding (``input_ids``, ``token_mask``,
     ``truncated``); the packing cost is computed on the result. Truncation cuts in place and
-    never cuts an image: ``media_end()`` (asked only when cutting) is the token its images end
-    at."""
+    never cuts an image or a video: ``media_end()`` (asked only when cutting) is the token its
+    media end at."""
     capacity, multiple = config.max_input_seq_length, config.pad_multiple
     length = len(encoding.input_ids)
     cost = round_up(length, multiple)
@@ -328,7 +431,7 @@ def fit_to_capacity(
     if (end := media_end()) > capacity:
         raise Skip(
             "overlong_media",
-            f"{what}; its images end at token {end} and images are never cut",
+            f"{what}; its images / videos end at token {end} and are never cut",
         )
     if not any(w > 0 for w in encoding.token_mask[:capacity]):
         raise Skip(
@@ -338,3 +441,30 @@ def fit_to_capacity(
     del encoding.input_ids[capacity:]
     del encoding.token_mask[capacity:]
     return encoding
+
+
+@runtime_checkable
+class ChatLayout(Protocol):
+    """What a chat layout offers the task encoder: the built-in one
+    (:class:`~energon_packing.encoding.builtin.BuiltinChat`) and a processor's
+    (:class:`~energon_packing.encoding.processor.ProcessorChat`) both are one.
+
+    ``encode`` costs a conversation from its media headers (no pixel decoded) and
+    ``sources`` turns a pack's conversations into :class:`~energon_packing.schema.Source`
+    objects (decoding their media now), each or the exception it alone failed with.
+    """
+
+    family_name: str
+    pad_id: int
+    image_token_id: int | None
+    mrope: Any  # the MRope spec, or None for 1-row positions
+    videos: VideoCosting | None
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def encode(self, *, config: PackingConfig, **fields: Any) -> Any: ...
+
+    def sources(self, *, items: Sequence[Mapping[str, Any]], config: PackingConfig) -> list: ...
+
+    def empty_media(self, config: PackingConfig) -> dict[str, np.ndarray]: ...

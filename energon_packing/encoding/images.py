@@ -28,7 +28,17 @@ from PIL import ExifTags, Image
 
 from energon_packing.errors import Skip, describe
 
-__all__ = ["NOT_IMAGE_SUFFIXES", "decode", "may_be_image", "probe"]
+__all__ = [
+    "NOT_IMAGE_SUFFIXES",
+    "VIDEO_SUFFIXES",
+    "decode",
+    "may_be_image",
+    "may_be_video",
+    "probe",
+]
+
+#: Part-name suffixes read as videos (kept compressed until their pack is emitted).
+VIDEO_SUFFIXES = frozenset(("mp4", "m4v", "mkv", "webm", "mov", "avi"))
 
 #: Part-name suffixes that are never read as images (text, tensors, audio, video, archives):
 #: every other part may be one, since formats are recognised by content.
@@ -60,6 +70,12 @@ def may_be_image(part: str) -> bool:
     :data:`NOT_IMAGE_SUFFIXES` (whatever the extension, even none: content decides)."""
     suffix = part.rpartition(".")[2].lower()
     return part != "json" and suffix not in NOT_IMAGE_SUFFIXES
+
+
+def may_be_video(part: str) -> bool:
+    """Whether a shard part is read as a video: its name ends in one of
+    :data:`VIDEO_SUFFIXES` (any case)."""
+    return part.rpartition(".")[2].lower() in VIDEO_SUFFIXES
 
 
 #: The plugins ``PIL.Image.preinit`` loads: a fresh process's ``Image.open`` tries their

@@ -9,39 +9,85 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["IMAGE", "TEXT", "VIDEO", "MRope", "mrope_positions", "vision_positions"]
+__all__ = [
+    "IMAGE",
+    "TEXT",
+    "VIDEO",
+    "MRope",
+    "mrope_positions",
+    "token_types",
+    "vision_positions",
+]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class MRope:
-    """Token ids and merge size that Qwen2-VL's 3-row (t, h, w) positions need."""
+    """Token ids and merge size that the Qwen families' 3-row (t, h, w) positions need."""
 
     vision_start_id: int
     image_pad_id: int
     merge_size: int = 2
+    #: the video-pad token (None: a layout without videos)
+    video_pad_id: int | None = None
+    #: Qwen2.5-VL's ``vision_config.tokens_per_second`` (None: the family has no time scale)
+    tokens_per_second: float | None = None
+
+
+def token_types(input_ids: Sequence[int], spec: MRope) -> np.ndarray:
+    """``mm_token_type_ids`` of one source: 1 on image pads, 2 on video pads, 0 elsewhere."""
+    ids = np.asarray(input_ids)
+    types = np.zeros(len(ids), dtype=np.int64)
+    types[ids == spec.image_pad_id] = IMAGE
+    if spec.video_pad_id is not None:
+        types[ids == spec.video_pad_id] = VIDEO
+    return types
 
 
 def mrope_positions(
-    input_ids: Sequence[int], grids: Sequence[tuple[int, int, int]], spec: MRope
+    input_ids: Sequence[int],
+    grids: Sequence[tuple[int, int, int]],
+    spec: MRope,
+    *,
+    videos: Sequence[Any] = (),
 ) -> np.ndarray:
-    """``[3, len(input_ids)]`` positions of one source with images, as Qwen2-VL's
-    ``get_rope_index`` computes them for that source alone (:func:`vision_positions` over the
-    image-pad runs: every image's pad tokens follow a vision-start token)."""
-    ids = np.asarray(input_ids)
-    starts = np.flatnonzero(ids == spec.vision_start_id)
-    if len(starts) != len(grids):
-        raise ValueError(f"{len(starts)} vision-start tokens for {len(grids)} image grids")
-    types = np.zeros(len(ids), dtype=np.int64)
-    for vision_start, (t, h, w) in zip(starts, grids):
-        first = vision_start + 1
-        n = t * (h // spec.merge_size) * (w // spec.merge_size)
-        if not (ids[first : first + n] == spec.image_pad_id).all():
-            raise ValueError(f"image at token {first} does not have {n} image-pad tokens")
-        types[first : first + n] = IMAGE
-    return vision_positions(types, grids, merge_size=spec.merge_size)
+    """``[3, len(input_ids)]`` positions of one source with images and videos, as the
+    family's ``get_rope_index`` computes them for that source alone (:func:`vision_positions`
+    over the runs of image-pad and video-pad tokens, in source order).
+
+    Args:
+        grids: The images' ``image_grid_thw`` rows, in order.
+        videos: The videos' plans (``rope_grids()`` and ``time_intervals(tokens_per_second)``,
+            :class:`energon_packing.media.video.VideoPlan`), in order.
+    """
+    types = token_types(input_ids, spec)
+    runs = np.flatnonzero(np.diff(types, prepend=TEXT) != 0)
+    kinds = types[runs]
+    video_grids = [g for plan in videos for g in plan.rope_grids()]
+    intervals = [i for plan in videos for i in plan.time_intervals(spec.tokens_per_second)]
+    image_of, video_of = iter(grids), iter(zip(video_grids, intervals))
+    ordered, ordered_intervals = [], []
+    for kind in kinds[kinds != TEXT]:
+        found = next(image_of if kind == IMAGE else video_of, None)
+        if found is None:
+            what = "image" if kind == IMAGE else "video"
+            raise ValueError(
+                f"more {what}-pad runs than {what} grids ({len(grids)} images, "
+                f"{len(videos)} videos)"
+            )
+        if kind == IMAGE:
+            ordered.append(tuple(found))
+        else:
+            ordered.append(tuple(found[0]))
+            ordered_intervals.append(found[1])
+    if next(image_of, None) is not None or next(video_of, None) is not None:
+        raise ValueError(f"{len(grids)} image and {len(videos)} video grids for fewer runs")
+    return vision_positions(
+        types, ordered, merge_size=spec.merge_size, time_intervals=ordered_intervals
+    )
 
 
 #: ``mm_token_type_ids`` values: what each token is

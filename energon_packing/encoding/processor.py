@@ -49,9 +49,11 @@ from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
     Skip,
     Turn,
+    VideoCosting,
     fit_to_capacity,
     image_sizes,
     read_conversation,
+    video_plans,
 )
 from energon_packing.encoding.families import FAMILIES, family_of
 from energon_packing.encoding.positions import MRope, mrope_positions
@@ -72,6 +74,11 @@ __all__ = ["ProcessorChat", "ProcessorEncoding", "ProcessorMismatchError"]
 
 #: Inserted after the first character of a special token spelled in conversation text.
 ESCAPE = "\u200b"
+#: Families whose videos this package lays out (their video processors' rules:
+#: ``energon_packing.media.video``).
+VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: Qwen2.5-VL's published ``vision_config.tokens_per_second`` (transformers' class default is 4).
+TOKENS_PER_SECOND = 2
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,6 +88,7 @@ class ProcessorEncoding:
     input_ids: list[int]
     token_mask: list[float]
     image_order: list[int] = field(default_factory=list)
+    video_order: list[int] = field(default_factory=list)
     truncated: int = 0
 
     @property
@@ -101,8 +109,16 @@ class ProcessorChat:
         ValueError: no chat template, a slow tokenizer, or an unknown processor family.
     """
 
-    def __init__(self, processor: Any, *, chat_template_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        processor: Any,
+        *,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tokens_per_second: float = TOKENS_PER_SECOND,
+    ):
         self.processor = processor
+        #: attached by the task encoder for a family in :data:`VIDEO_FAMILIES`
+        self.videos: VideoCosting | None = None
         self.tokenizer = getattr(processor, "tokenizer", None) or processor
         self.has_images = getattr(processor, "image_processor", None) is not None
         self.kwargs = dict(chat_template_kwargs or {})
@@ -135,12 +151,24 @@ class ProcessorChat:
             )
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+        self.video_family = self.family_name if self.family_name in VIDEO_FAMILIES else None
+        self.video_token = getattr(processor, "video_token", None) if self.video_family else None
+        #: what decides how videos are sampled and sized: the video processor, or the settings
+        #: of one that could not be built (no torchvision: ``load_processor``)
+        self.video_settings = getattr(processor, "video_processor", None) or getattr(
+            processor, "video_settings", None
+        )
+        self.video_token_id = (
+            self.tokenizer.convert_tokens_to_ids(self.video_token) if self.video_token else None
+        )
         self.mrope = None
         if self.family is not None and self.family.mrope:
             self.mrope = MRope(
                 vision_start_id=self.tokenizer.convert_tokens_to_ids("<|vision_start|>"),
                 image_pad_id=self.image_token_id,
                 merge_size=processor.image_processor.merge_size,
+                video_pad_id=self.video_token_id,
+                tokens_per_second=tokens_per_second if self.family_name == "qwen2_5_vl" else None,
             )
         protected = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         protected |= {
@@ -189,6 +217,8 @@ class ProcessorChat:
                 "added": sorted((i, t.content) for i, t in tokenizer.added_tokens_decoder.items()),
                 "special": sorted(tokenizer.all_special_ids),
                 "pad": self.pad_id,
+                "mrope": repr(self.mrope),
+                "videos": repr(getattr(self.videos, "rule", None)),
             }
             blob = json.dumps(parts, sort_keys=True, default=str)
             self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -214,7 +244,7 @@ class ProcessorChat:
                 "content": [
                     {"type": "text", "text": self.escape(piece)}
                     if isinstance(piece, str)
-                    else {"type": "image"}
+                    else {"type": piece.kind}
                     for piece in pieces
                 ],
             }
@@ -241,11 +271,14 @@ class ProcessorChat:
         images: Mapping[str, bytes],
         loss_weight: float,
         config: PackingConfig,
+        video_names: Sequence[str] = (),
+        videos: Mapping[str, bytes] | None = None,
     ) -> ProcessorEncoding:
         """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`."""
         c = read_conversation(
             messages=messages,
             image_names=image_names,
+            video_names=video_names,
             loss_weight=loss_weight,
             config=config,
             find_special=self.find_special,
@@ -265,6 +298,21 @@ class ProcessorChat:
                 max_pixels=getattr(config, "max_image_pixels", None),
             )
         ]
+        plans = video_plans(
+            c.videos,
+            video_names=video_names,
+            videos=videos or {},
+            side=self.videos if self.video_token else None,
+            layout=f"{self.family_name} ({self.name})",
+        )
+        expansions = [
+            plan.expansion(
+                video_token=self.video_token,
+                vision_start="<|vision_start|>",
+                vision_end="<|vision_end|>",
+            )
+            for plan in plans
+        ]
 
         chat = self.messages(turns)
         try:
@@ -274,7 +322,7 @@ class ProcessorChat:
         except Exception as e:  # the template's own checks (roles must alternate, ...)
             raise Skip("template_error", describe(e)) from None
         try:
-            ids, offsets, shifts, media = self._expand(text, sizes)
+            ids, offsets, shifts, media = self._expand(text, sizes, expansions)
         except Skip:  # a rule of the family's size rule (aspect ratio): data
             raise
         except Exception as e:  # the family's size rule refuses the image otherwise
@@ -284,11 +332,13 @@ class ProcessorChat:
                 f"{describe(e)}",
             ) from None
         mask = span_mask(offsets, shifts, spans, weight)
-        for first, end in media:  # images are context, never trained (assistant turns too)
+        for first, end in media:  # media are context, never trained (assistant turns too)
             mask[first:end] = [0.0] * (end - first)
         if mask:
             mask[0] = 0.0  # no source predicts across a pack boundary
-        encoding = ProcessorEncoding(input_ids=ids, token_mask=mask, image_order=refs.order)
+        encoding = ProcessorEncoding(
+            input_ids=ids, token_mask=mask, image_order=refs.order, video_order=c.videos.order
+        )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
 
@@ -323,11 +373,17 @@ class ProcessorChat:
             spans.append((start, end))
         return text, spans
 
-    def _expand(self, text: str, sizes: list[tuple[int, int]]) -> tuple[list, list, list, list]:
+    def _expand(
+        self, text: str, sizes: list[tuple[int, int]], videos: Sequence[str] = ()
+    ) -> tuple[list, list, list, list]:
         """Token ids and offsets of ``text`` with every image placeholder expanded from sizes
-        alone; ``shifts``: ``(end of the placeholder in text, characters it gained)`` per image;
-        ``media``: ``[first, end)`` token range of each image (expansion and markup)."""
-        expanded, shifts, spans = self.images.expand(text, sizes) if sizes else (text, [], [])
+        alone and every video placeholder by its expansion; ``shifts``: ``(end of the
+        placeholder in text, characters it gained)`` per medium; ``media``: ``[first, end)``
+        token range of each (expansion and markup)."""
+        if sizes or videos:
+            expanded, shifts, spans = self.images.expand(text, sizes, videos)
+        else:
+            expanded, shifts, spans = text, [], []
         ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
         starts = [s for s, _ in offsets]
         ends = [e for _, e in offsets]
@@ -346,42 +402,43 @@ class ProcessorChat:
         """A processor gives no image fields for text-only conversations; neither does a pack."""
         return {}
 
-    def source(
-        self,
-        *,
-        key: str,
-        input_ids: np.ndarray,
-        token_mask: np.ndarray,
-        images: Sequence[bytes],
-        config: PackingConfig,
-        **_: Any,
-    ) -> Source:
-        """One conversation with its model inputs, ready for the pack layout: the ids are the
-        encoded ones (``text`` is not tokenized again); only the image processor runs, on the
-        decoded images, plus the token fields the processor derives from the ids.
-
-        Raises:
-            Skip: an image does not decode (a data skip).
-            ProcessorMismatchError: the real outputs expand an image otherwise than predicted.
-        """
-        media = {}
-        if self.images is not None:
-            media = self.images.media(key=key, images=images, input_ids=input_ids, config=config)
-        return self._source(key, input_ids, token_mask, len(images), media)
+    def source(self, *, config: PackingConfig, **item: Any) -> Source:
+        """:meth:`sources` of one conversation (``key``, ``input_ids``, ``token_mask``,
+        ``images``, ``videos``); raises what it alone fails with."""
+        (found,) = self.sources(items=[item], config=config)
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     def sources(
         self, *, items: Sequence[Mapping[str, Any]], config: PackingConfig
     ) -> list[Source | Exception]:
-        """:meth:`source` of each of one pack's conversations (``items``: its keyword
-        arguments), or the exception that conversation alone fails with; the pack's images go
-        through the image processor together where the family allows
-        (:meth:`~.processor_images.ImageSide.media_of_pack`)."""
+        """One conversation with its model inputs per item of one pack, ready for the pack
+        layout, or the exception that conversation alone fails with: the ids are the encoded
+        ones (text is not tokenized again); only the image processor runs on the decoded
+        images (one call for the whole pack where the family allows:
+        :meth:`~.processor_images.ImageSide.media_of_pack`), the videos are decoded and
+        processed (:class:`~.chat.VideoCosting`), plus the token fields the processor derives
+        from the ids.
+
+        Failures: :class:`Skip` when an image or video does not decode (a data skip);
+        :class:`ProcessorMismatchError` when the real outputs expand a medium otherwise than
+        predicted.
+        """
         if self.images is None:
             media: list = [{} for _ in items]
         else:
             media = self.images.media_of_pack(
                 [(i["key"], i["images"], i["input_ids"]) for i in items], config=config
             )
+        plans: list[list] = [[] for _ in items]
+        for n, item in enumerate(items):
+            if item.get("videos") and not isinstance(media[n], Exception):
+                try:
+                    plans[n], clips = self._videos(item["key"], item["videos"], item["input_ids"])
+                    media[n] = {**media[n], **clips}
+                except Exception as e:  # Skip or a mismatch: it alone
+                    media[n] = e
         tokens: list[dict] = [{} for _ in items]
         if self.images is not None:
             kept = [n for n, found in enumerate(media) if not isinstance(found, Exception)]
@@ -389,46 +446,45 @@ class ProcessorChat:
             for n, fields in zip(kept, per_kept):
                 tokens[n] = fields
         out: list[Source | Exception] = []
-        for item, found, fields in zip(items, media, tokens):
+        for item, found, fields, videos in zip(items, media, tokens, plans):
             if isinstance(found, Exception):
                 out.append(found)
                 continue
             try:
-                out.append(
-                    self._source(
-                        item["key"],
-                        item["input_ids"],
-                        item["token_mask"],
-                        len(item["images"]),
-                        found,
-                        fields,
-                    )
-                )
+                out.append(self._source(item, found, fields, videos))
             except Exception as e:
                 out.append(e)
         return out
 
-    def _source(
-        self,
-        key: str,
-        input_ids: np.ndarray,
-        token_mask: np.ndarray,
-        images: int,
-        media: dict,
-        tokens: dict | None = None,
-    ) -> Source:
+    def _videos(self, key: str, videos: Sequence[bytes], input_ids: Any) -> tuple[list, dict]:
+        """The plans and model inputs of one conversation's videos, decoded now; the ids must
+        hold as many video tokens as the plans expand to."""
+        plans = [self.videos.plan(data) for data in videos]
+        clips = [self.videos.media(data) for data in videos]
+        held = int(np.count_nonzero(np.asarray(input_ids) == self.video_token_id))
+        need = sum(plan.tokens for plan in plans)
+        if held != need:
+            raise ProcessorMismatchError(
+                f"{self.family_name} ({self.name}): sample {key!r}: the encoded ids hold {held} "
+                f"video tokens, its {len(plans)} video(s) expand to {need}"
+            )
+        return plans, {name: np.concatenate([c[name] for c in clips]) for name in clips[0]}
+
+    def _source(self, item: Mapping[str, Any], media: dict, tokens: dict, videos: list) -> Source:
+        input_ids = item["input_ids"]
         positions = None
-        if tokens is None:
-            tokens = self.images.token_fields(input_ids) if self.images is not None else {}
         if self.mrope is not None:
             grids = media.get("image_grid_thw", np.zeros((0, 3), dtype=np.int64))
-            positions = mrope_positions(input_ids, [tuple(g) for g in grids.tolist()], self.mrope)
+            positions = mrope_positions(
+                input_ids, [tuple(g) for g in grids.tolist()], self.mrope, videos=videos
+            )
         return Source(
-            key=key,
+            key=item["key"],
             input_ids=input_ids,
-            token_mask=token_mask,
+            token_mask=item["token_mask"],
             positions=positions,
             media=media,
             token_fields=tokens,
-            images=images,
+            images=len(item["images"]),
+            videos=len(videos),
         )

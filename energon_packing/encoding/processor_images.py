@@ -50,6 +50,8 @@ class ImageSide:
         self.token_types = family.token_types if returns_types else None
         self._per_token_types = _per_token_types(processor)
         self.markup = _markup(render, processor.image_token)
+        video_token = getattr(processor, "video_token", None)
+        self.video_markup = _markup(render, video_token, kind="video") if video_token else None
         # the tokens the model fills with vision features (Gemma 3: not its placeholder)
         ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
         if not ids:
@@ -65,22 +67,29 @@ class ImageSide:
             inputs = self.family.replacement_inputs(self.processor, [list(sizes)])
         return [self.processor.replace_image_token(inputs, i) for i in range(len(sizes))]
 
-    def expand(self, text: str, sizes: list[tuple[int, int]]) -> tuple[str, list, list]:
-        """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone;
-        ``shifts``: ``(end of the placeholder in text, characters it gained)`` per image;
-        ``spans``: each image's characters in the expanded text, markup included."""
+    def expand(
+        self, text: str, sizes: list[tuple[int, int]], videos: Sequence[str] = ()
+    ) -> tuple[str, list, list]:
+        """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone
+        and each video placeholder by ``videos`` (its expansion, from its header);
+        ``shifts``: ``(end of the placeholder in text, characters it gained)`` per medium;
+        ``spans``: each one's characters in the expanded text, markup included."""
         (expanded,), (offsets,) = self.processor.get_text_with_replacements(
-            [text], images_replacements=self.replacements(sizes)
+            [text],
+            images_replacements=self.replacements(sizes) if sizes else [],
+            videos_replacements=list(videos),
         )
-        if len(offsets) != len(sizes):
+        found = [sum(o.get("type", "image") == k for o in offsets) for k in ("image", "video")]
+        if found != [len(sizes), len(videos)]:
             raise Skip(
                 "placeholder_mismatch",
-                f"the rendered text holds {len(offsets)} image placeholder(s) for "
-                f"{len(sizes)} image(s)",
+                f"the rendered text holds {found[0]} image and {found[1]} video placeholder(s) "
+                f"for {len(sizes)} image(s) and {len(videos)} video(s)",
             )
-        before, after = self.markup
         shifts, spans = [], []
         for o in offsets:
+            markup = self.video_markup if o.get("type") == "video" else self.markup
+            before, after = markup or ("", "")
             (start, end), (new_start, new_end) = o["span"], o["new_span"]
             shifts.append((end, (new_end - new_start) - (end - start)))
             lead = len(before) if text[max(0, start - len(before)) : start] == before else 0
@@ -218,14 +227,16 @@ def _per_token_types(processor: Any) -> bool:
     return mine is not None and mine is getattr(ProcessorMixin, "create_mm_token_type_ids", None)
 
 
-def _markup(render: Callable[[list[dict]], str], image_token: str) -> tuple[str, str]:
-    """What the chat template writes before and after an image placeholder (e.g.
-    ``<|vision_start|>`` and ``<|vision_end|>``), from a probe message rendered with and
-    without an image; ``("", "")`` where the two renders do not tell."""
+def _markup(
+    render: Callable[[list[dict]], str], image_token: str, *, kind: str = "image"
+) -> tuple[str, str]:
+    """What the chat template writes before and after an image (``kind="video"``: a video)
+    placeholder (e.g. ``<|vision_start|>`` and ``<|vision_end|>``), from a probe message
+    rendered with and without one; ``("", "")`` where the two renders do not tell."""
     text = [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]
     try:
         plain = render([{"role": "user", "content": text}])
-        pictured = render([{"role": "user", "content": [text[0], {"type": "image"}, text[1]]}])
+        pictured = render([{"role": "user", "content": [text[0], {"type": kind}, text[1]]}])
     except Exception:  # a template that wants more than one user message
         return "", ""
     shorter = min(len(plain), len(pictured))

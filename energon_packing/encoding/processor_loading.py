@@ -136,12 +136,16 @@ def load_processor(path: str | Path) -> Any:
             "%s: building %s without its video processor (no torchvision)", path, class_name
         )
         try:
-            return image_only(processor_cls).from_pretrained(str(path), local_files_only=True)
+            processor = image_only(processor_cls).from_pretrained(str(path), local_files_only=True)
         except Exception as e:
             raise ValueError(
                 f"{path}: {class_name} (image-only: torchvision is not installed) does not "
                 f"load: {_cause(e)}. Fix the directory; {_TEXT}"
             ) from e
+        video = path / VIDEO_FILES[0]
+        if video.is_file():  # its settings still decide how videos are sampled and sized
+            processor.video_settings = json.loads(video.read_text())
+        return processor
     try:
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:

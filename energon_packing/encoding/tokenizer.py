@@ -1,6 +1,6 @@
 """The few things encoding needs from a tokenizer, over whatever the user has.
 
-Accepted: ``"bundled"`` (a 1,633-token byte-level BPE, ``assets/tokenizer.json``, trained by
+Accepted: ``"bundled"`` (a 1,634-token byte-level BPE, ``assets/tokenizer.json``, trained by
 ``tools/train_tokenizer.py`` on the text :mod:`energon_packing.testing.synth` generates: for the
 demo, the sample data and the tests, not for training a real model), a ``tokenizers.Tokenizer``,
 any Hugging Face tokenizer or processor object (a processor's ``.tokenizer`` is used), or a local
@@ -28,6 +28,8 @@ VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
+#: Needed only for conversations with videos (a tokenizer without it takes none).
+VIDEO_PAD = "<|video_pad|>"
 
 #: ``tokenizer="bundled"``: the demo / test tokenizer shipped with the package.
 BUNDLED = "bundled"
@@ -44,6 +46,8 @@ class SpecialIds:
     vision_start: int
     vision_end: int
     image_pad: int
+    #: None when the tokenizer has no ``<|video_pad|>``: its conversations take no videos
+    video_pad: int | None = None
 
 
 class ChatTokenizer:
@@ -71,6 +75,7 @@ class ChatTokenizer:
             vision_start=self.id_of(VISION_START),
             vision_end=self.id_of(VISION_END),
             image_pad=self.id_of(IMAGE_PAD),
+            video_pad=self._find(VIDEO_PAD),
         )
 
     def __repr__(self) -> str:
@@ -141,11 +146,13 @@ class ChatTokenizer:
             return self._inner.decode(ids)
         return self._inner.decode(ids, skip_special_tokens=False)
 
-    def id_of(self, token: str) -> int:
+    def _find(self, token: str) -> int | None:
         if self._is_hf:
-            found = self._inner.get_vocab().get(token)
-        else:
-            found = self._inner.token_to_id(token)
+            return self._inner.get_vocab().get(token)
+        return self._inner.token_to_id(token)
+
+    def id_of(self, token: str) -> int:
+        found = self._find(token)
         if found is None:
             raise ValueError(
                 f"tokenizer {self.name} has no token {token!r}; the chat template needs "
@@ -178,7 +185,7 @@ def _resolve(tokenizer: Any) -> tuple[str, Any]:
     if tokenizer is None:
         raise ValueError(
             "tokenizer is required: a Hugging Face tokenizer or processor, a tokenizers.Tokenizer "
-            "or a local path (nothing is downloaded); tokenizer='bundled' is the 1,633-token demo "
+            "or a local path (nothing is downloaded); tokenizer='bundled' is the 1,634-token demo "
             "tokenizer of the sample data and the tests"
         )
     if isinstance(tokenizer, str) and tokenizer == BUNDLED:

@@ -324,7 +324,8 @@ def compare_settings(
         old, rule = saved[name], rules.get(name, MUST_EQUAL)
         if rule == MAY_CHANGE or old == value:
             continue
-        if rule == MAY_RAISE and old is not None and value is not None and value >= old:
+        # a limit of None (max_video_tokens) is no limit: the highest
+        if rule == MAY_RAISE and (value is None or (old is not None and value >= old)):
             continue
         fix = f"{name}={old!r}" + (" or higher" if rule == MAY_RAISE else "")
         raise RestoreMismatchError(

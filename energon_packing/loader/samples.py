@@ -1,7 +1,9 @@
 """The Energon sample types and the sample loader that ``dataset.yaml`` points at.
 
-A shard sample is ``<key>.json`` = ``{"messages": [...], "images": ["img0.jpg", ...]}`` plus
-image parts ``<key>.img0.jpg``, ``<key>.photo (1).png``, ``<key>.图片.webp``. WebDataset and
+A shard sample is ``<key>.json`` = ``{"messages": [...], "images": ["img0.jpg", ...],
+"videos": ["clip.mp4", ...]}`` plus image parts ``<key>.img0.jpg``, ``<key>.photo (1).png``,
+``<key>.图片.webp`` and video parts ``<key>.clip.mp4`` (``.mp4 .m4v .mkv .webm .mov .avi``, kept
+compressed until their pack is emitted). WebDataset and
 Energon split a member's name at the first dot of its file name: the key is what comes before
 (so a key's file name holds no dot), the part name all after (so it holds no ``/``); any other
 character is fine. Images are recognised by content, whatever their extension
@@ -22,6 +24,7 @@ lacks fails every sample: :func:`check_field_map` makes the first one a :class:`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import unicodedata
@@ -33,7 +36,7 @@ from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
 from energon_packing.encoding.chat import Skip, brief, check_loss_weight
-from energon_packing.encoding.images import may_be_image
+from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
 from energon_packing.schema import Pack
 
@@ -66,6 +69,8 @@ class ConversationSample(Sample):
         loss_weight: The document's optional ``loss_weight`` (default 1.0).
         problem: ``(reason, detail)`` when the sample could not be read; the task encoder skips
             it under that reason.
+        video_names: The document's ``videos`` list, in order.
+        videos: Raw bytes of every video part present, by part name.
     """
 
     messages: list
@@ -73,6 +78,8 @@ class ConversationSample(Sample):
     images: dict
     loss_weight: float = 1.0
     problem: tuple[str, str] | None = None
+    video_names: list = dataclasses.field(default_factory=list)
+    videos: dict = dataclasses.field(default_factory=dict)
 
 
 @edataclass
@@ -88,6 +95,7 @@ class EncodedConversation(Sample):
     images: list  # compressed bytes, in order of appearance
     length: int  # real tokens
     cost: int  # length padded to pad_multiple: what the packer packs
+    videos: list = dataclasses.field(default_factory=list)  # compressed bytes, in order
 
 
 @edataclass
@@ -128,6 +136,11 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         name: data
         for name, data in raw.items()
         if not name.startswith("__") and isinstance(data, bytes) and may_be_image(name)
+    }
+    videos = {
+        name: data
+        for name, data in raw.items()
+        if not name.startswith("__") and isinstance(data, bytes) and may_be_video(name)
     }
     data = raw.get("json")
     if data is None:
@@ -172,11 +185,19 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise Skip("malformed_json", "'images' must be a list of part names")
     _alias_normalized(names, images)
+    video_names = data.get("videos")
+    if video_names is None:
+        video_names = _implied_videos(messages, videos, data.get("video"))
+    if not isinstance(video_names, list) or not all(isinstance(n, str) for n in video_names):
+        raise Skip("malformed_json", "'videos' must be a list of part names")
+    _alias_normalized(video_names, videos)
     return {
         "messages": messages,
         "image_names": names,
         "images": images,
         "loss_weight": check_loss_weight(data.get("loss_weight", 1.0)),
+        "video_names": video_names,
+        "videos": videos,
     }
 
 
@@ -232,6 +253,33 @@ def _implied_images(messages: list, parts: dict[str, bytes], llava_image: Any) -
     return []
 
 
+def _implied_videos(messages: list, parts: dict[str, bytes], llava_video: Any) -> list[str]:
+    """The ``videos`` list a document without one implies: the video parts its content names
+    (in order), LLaVA-Video's ``video`` field (its part name), or the sample's only video part
+    when the content refers to one video without naming it (one ``<video>``)."""
+    named: list[str] = []
+    unnamed = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            unnamed += content.count("<video>")
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "video":
+                    name = part.get("video")
+                    if isinstance(name, str) and name not in named:
+                        named.append(name)
+                    elif name is None:
+                        unnamed += 1
+    if named:
+        return named
+    if isinstance(llava_video, str) and llava_video in parts:
+        return [llava_video]
+    if unnamed == 1 and len(parts) == 1:
+        return list(parts)
+    return []
+
+
 def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:
     """A listed name that matches a part only up to Unicode normalization (``é`` composed in
     the JSON, decomposed in a tar written on macOS) is the same image: alias it."""
@@ -246,9 +294,10 @@ def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:
 
 
 def is_conversation_part(part: str) -> bool:
-    """The parts the loader reads: the JSON document and every part that may be an image
-    (any name but text, tensor, audio, video and archive suffixes: content decides)."""
-    return part == "json" or may_be_image(part)
+    """The parts the loader reads: the JSON document, every part that may be an image (any
+    name but text, tensor, audio, video and archive suffixes: content decides) and the video
+    parts (:data:`~energon_packing.encoding.images.VIDEO_SUFFIXES`)."""
+    return part == "json" or may_be_image(part) or may_be_video(part)
 
 
 def conversation_loader() -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -122,7 +122,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     Args:
         tokenizer: For the built-in layout: a Hugging Face tokenizer or processor, a
             ``tokenizers.Tokenizer`` or a local path (never downloads); ``"bundled"`` is the
-            package's 1,633-token demo tokenizer (sample data, tests).
+            package's 1,634-token demo tokenizer (sample data, tests).
         processor: Instead of ``tokenizer``: a ``transformers`` processor of a supported family
             (or a tokenizer with a chat template, for text-only models), or a local directory
             holding one.
@@ -147,9 +147,11 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
         self._cost_model = StepCostModel()  # a 7B's; see its docstring for why no knob
-        self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
+        self.chat = make_chat(
+            tokenizer=tokenizer, processor=processor, config=self.config, videos=self._video_side
+        )
         #: the built-in layout's tokenizer (None on a processor path)
-        self.tokenizer = getattr(self.chat, "tokenizer", None) if processor is None else None
+        self.tokenizer = self.chat.tokenizer if processor is None else None
         self.stats = PackingStats()
         self._buffer_size: int | None = None  # set by build_batch
         self._errors_in_a_row = 0
@@ -160,6 +162,18 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         self._pending_losses: _Losses | None = None  # set while build_train_datasets runs
         #: the shards' fingerprint, saved with the state (set while build_*_datasets runs)
         self._pending_shards: Any = None
+
+    def _video_side(self, family: str, settings: Any, *, overrides: Any) -> Any:
+        """The chat layout's video side (``energon_packing.media.video``), under the video
+        knobs."""
+        from energon_packing.media.video import VideoRule, VideoSide
+
+        config = self.config
+        return VideoSide(
+            VideoRule.of(family, settings, overrides=overrides),
+            max_frames=config.max_video_frames,
+            max_tokens=config.max_video_tokens,
+        )
 
     @classmethod
     def from_config(
@@ -202,6 +216,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 messages=sample.messages,
                 image_names=sample.image_names,
                 images=sample.images,
+                video_names=sample.video_names,
+                videos=sample.videos,
                 loss_weight=sample.loss_weight * float(subflavors.get("loss_weight", 1.0)),
                 config=self.config,
             )
@@ -223,6 +239,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             input_ids=np.asarray(encoding.input_ids, dtype=np.int64),
             token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
+            videos=[sample.videos[sample.video_names[i]] for i in encoding.video_order],
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
         )
@@ -305,7 +322,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return {
             **self.config.settings(),
             "mrope": self.mrope,  # the effective one (None: the family's own)
-            "chat_fingerprint": getattr(self.chat, "fingerprint", None),
+            "chat_fingerprint": self.chat.fingerprint,
             "packing_buffer_size": packing_buffer_size,
             "num_workers": worker_config.num_workers,
             "world_size": worker_config.world_size,
@@ -429,25 +446,22 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
     # ---- helpers --------------------------------------------------------------------------
 
     def _sources(self, samples: list[EncodedConversation]) -> list[Source]:
-        """The samples that survive, in order, each with its decoded images, checked and ready
-        for :func:`layout`; one that fails (an image does not decode, or the conversation
-        fails at pack time) is skipped with its reason, it alone, never its pack-mates. None
-        left is Energon's skip. A chat with ``sources`` (the processor path) takes the whole
-        pack at once (one image-processor call where its family allows)."""
-        many = getattr(self.chat, "sources", None)
-        if many is None:
-            outcomes = [self._source(sample) for sample in samples]
-        else:
-            items = [
-                {
-                    "key": s.__key__,
-                    "input_ids": s.input_ids,
-                    "token_mask": s.token_mask,
-                    "images": s.images,
-                }
-                for s in samples
-            ]
-            outcomes = many(items=items, config=self.config)
+        """The samples that survive, in order, each with its decoded images and videos,
+        checked and ready for :func:`layout`; one that fails (a medium does not decode, or the
+        conversation fails at pack time) is skipped with its reason, it alone, never its
+        pack-mates. None left is Energon's skip. The chat layout takes the whole pack at once
+        (one image-processor call where a processor's family allows)."""
+        items = [
+            {
+                "key": s.__key__,
+                "input_ids": s.input_ids,
+                "token_mask": s.token_mask,
+                "images": s.images,
+                "videos": s.videos,
+            }
+            for s in samples
+        ]
+        outcomes = self.chat.sources(items=items, config=self.config)
         sources = []
         for sample, outcome in zip(samples, outcomes, strict=True):
             if not isinstance(outcome, Exception):
@@ -459,19 +473,6 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         if not sources:
             raise SkipSample()
         return sources
-
-    def _source(self, sample: EncodedConversation) -> Source | Exception:
-        """One conversation through the chat's ``source``, or the exception it raised."""
-        try:
-            return self.chat.source(
-                key=sample.__key__,
-                input_ids=sample.input_ids,
-                token_mask=sample.token_mask,
-                images=sample.images,
-                config=self.config,
-            )
-        except Exception as e:
-            return e
 
     def _tail(self) -> dict | None:
         """The accounting-only batch that ends a worker's stream when skips are left that no

@@ -35,7 +35,17 @@ import torch
 
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "VideoError", "VideoHeader", "VideoRule", "decode", "probe", "process"]
+__all__ = [
+    "FAMILIES",
+    "VideoError",
+    "VideoHeader",
+    "VideoPlan",
+    "VideoRule",
+    "VideoSide",
+    "decode",
+    "probe",
+    "process",
+]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
@@ -46,7 +56,7 @@ _HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 class VideoError(Skip):
     """A video that cannot be used: a :class:`~energon_packing.errors.Skip` under its reason
-    (registered in the skip report once the loader reads videos)."""
+    (``video_*`` in ``energon_packing.stats.REASONS``)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -129,7 +139,8 @@ def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pix
     """Qwen2-VL's ``smart_resize`` (per frame)."""
     if max(height, width) / min(height, width) > 200:
         raise VideoError(
-            "video_aspect", f"aspect ratio {max(height, width) / min(height, width):.0f} > 200"
+            "video_aspect_ratio",
+            f"aspect ratio {max(height, width) / min(height, width):.0f} > 200",
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -155,7 +166,8 @@ def _smart_resize_frames(
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
         raise VideoError(
-            "video_aspect", f"aspect ratio {max(height, width) / min(height, width):.0f} > 200"
+            "video_aspect_ratio",
+            f"aspect ratio {max(height, width) / min(height, width):.0f} > 200",
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -219,14 +231,24 @@ class VideoRule:
     max_video_tokens: int = 128000
 
     @classmethod
-    def of(cls, family: str, config: Mapping[str, Any] | Any = None) -> VideoRule:
-        """The family's defaults, overridden by a video processor's settings: its
-        ``video_preprocessor_config.json`` as a dict, or the processor object itself."""
+    def of(
+        cls,
+        family: str,
+        config: Mapping[str, Any] | Any = None,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> VideoRule:
+        """The family's defaults, overridden by a video processor's settings (its
+        ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
+        ``overrides`` (``videos_kwargs``, the same names)."""
         if family not in FAMILIES:
             raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
         values = dict(_DEFAULTS[family])
+        overrides = dict(overrides or {})
 
         def get(name: str, missing: Any = None) -> Any:
+            if name in overrides:
+                return overrides[name]
             if isinstance(config, Mapping):
                 return config.get(name, missing)
             return getattr(config, name, missing) if config is not None else missing
@@ -367,19 +389,22 @@ class VideoRule:
     def expansion(
         self, header: VideoHeader, *, video_token: str, vision_start: str, vision_end: str
     ) -> str:
-        """What the processor puts in place of a video's one ``video_token`` in the rendered
-        chat template (which wraps it in ``vision_start`` / ``vision_end`` itself): Qwen2/2.5
-        repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
-        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch (5.24 keeps
-        the template's outer pair around them)."""
-        t, h, w = self.grid(header)
-        per_patch = h * w // (self.merge_size * self.merge_size)
-        if self.family != "qwen3_vl":
-            return video_token * (t * per_patch)
-        stamps = self.timestamps(header)
-        return "".join(
-            f"<{stamps[i]:.1f} seconds>{vision_start}{video_token * per_patch}{vision_end}"
-            for i in range(t)
+        """:meth:`VideoPlan.expansion` of the video with this header."""
+        return self.plan(header).expansion(
+            video_token=video_token, vision_start=vision_start, vision_end=vision_end
+        )
+
+    def plan(self, header: VideoHeader) -> VideoPlan:
+        """Everything the family's processor will make of the video, from its header alone."""
+        indices = tuple(int(i) for i in self.indices(header))
+        return VideoPlan(
+            family=self.family,
+            header=header,
+            indices=indices,
+            grid=self.grid(header),
+            merge_size=self.merge_size,
+            timestamps=tuple(self.timestamps(header)) if self.family == "qwen3_vl" else (),
+            second_per_grid=self.second_per_grid(header),
         )
 
     def second_per_grid(self, header: VideoHeader) -> float:
@@ -387,6 +412,140 @@ class VideoRule:
         total = header.frames
         sampled = len(self.indices(header)) / total * header.fps if header.fps else 24
         return self.temporal_patch_size / sampled
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VideoPlan:
+    """One video as its family's processor will see it, worked out from the header alone
+    (:meth:`VideoRule.plan`): what a conversation costs while it waits in the buffer."""
+
+    family: str
+    header: VideoHeader
+    #: the sampled frame indices (ascending; Qwen3 may repeat one)
+    indices: tuple[int, ...]
+    #: ``video_grid_thw``
+    grid: tuple[int, int, int]
+    merge_size: int
+    #: Qwen3-VL: the time of each temporal patch, in seconds (else empty)
+    timestamps: tuple[float, ...] = ()
+    #: ``second_per_grid_ts``: seconds a temporal patch spans (Qwen2.5-VL reads it)
+    second_per_grid: float = 1.0
+
+    @property
+    def frames(self) -> int:
+        """Frames decoded: the distinct sampled indices."""
+        return len(set(self.indices))
+
+    @property
+    def tokens(self) -> int:
+        """Video-pad tokens in the text (Qwen3's timestamps and markers come on top)."""
+        t, h, w = self.grid
+        return t * h * w // (self.merge_size * self.merge_size)
+
+    def expansion(self, *, video_token: str, vision_start: str, vision_end: str) -> str:
+        """What the processor puts in place of the video's one ``video_token`` in the rendered
+        chat template (which wraps it in ``vision_start`` / ``vision_end`` itself): Qwen2/2.5
+        repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
+        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch (5.24 keeps
+        the template's outer pair around them)."""
+        t, h, w = self.grid
+        per_patch = h * w // (self.merge_size * self.merge_size)
+        if self.family != "qwen3_vl":
+            return video_token * (t * per_patch)
+        return "".join(
+            f"<{self.timestamps[i]:.1f} seconds>{vision_start}{video_token * per_patch}{vision_end}"
+            for i in range(t)
+        )
+
+    def rope_grids(self) -> list[tuple[int, int, int]]:
+        """The grids ``get_rope_index`` reads for this video, one per run of video tokens:
+        Qwen3-VL splits it into ``t`` grids ``(1, h, w)`` (its timestamps separate them)."""
+        t, h, w = self.grid
+        return [(1, h, w)] * t if self.family == "qwen3_vl" else [self.grid]
+
+    def time_intervals(self, tokens_per_second: float | None) -> list[float]:
+        """The temporal position step of each of :meth:`rope_grids`: Qwen2.5-VL's
+        ``tokens_per_second * second_per_grid_ts``; 1 for the other families."""
+        if self.family == "qwen2_5_vl":
+            return [float(tokens_per_second) * self.second_per_grid]
+        return [1.0] * len(self.rope_grids())
+
+
+#: model input names of a video, per family (what its processor returns)
+VIDEO_FIELDS = {
+    "qwen2_vl": ("pixel_values_videos", "video_grid_thw"),
+    "qwen2_5_vl": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
+    "qwen3_vl": ("pixel_values_videos", "video_grid_thw"),
+}
+
+
+class VideoSide:
+    """A family's video work for a chat layout: cost a video from its header
+    (:meth:`plan`, with the limits checked before anything is decoded) and, for the pack being
+    emitted, decode and process it (:meth:`media`), checked against that plan.
+
+    Args:
+        rule: The family's video processor settings.
+        max_frames: Frames a video may be sampled to (``max_video_frames``).
+        max_tokens: Video-pad tokens a video may expand to (``max_video_tokens``; None: any).
+    """
+
+    def __init__(self, rule: VideoRule, *, max_frames: int, max_tokens: int | None = None):
+        self.rule = rule
+        self.max_frames = max_frames
+        self.max_tokens = max_tokens
+        self.fields = VIDEO_FIELDS[rule.family]
+
+    def __repr__(self) -> str:
+        return f"VideoSide({self.rule.family}, max_frames={self.max_frames})"
+
+    def plan(self, data: bytes) -> VideoPlan:
+        """The video's plan from its header; a video over a limit, unreadable, or that the
+        family's rules refuse is a :class:`VideoError` (nothing decoded)."""
+        header = probe(data)
+        plan = self.rule.plan(header)
+        seconds = f"{header.frames / header.fps:.1f} s" if header.fps else "no frame rate"
+        if plan.frames > self.max_frames:
+            raise VideoError(
+                "video_too_large",
+                f"{header.width}x{header.height}, {header.frames} frames ({seconds}): "
+                f"{self.rule.family}'s sampling takes {plan.frames} frames, more than "
+                f"max_video_frames={self.max_frames}; nothing was decoded (raise "
+                f"max_video_frames, or sample fewer: videos_kwargs fps / max_frames)",
+            )
+        if self.max_tokens is not None and plan.tokens > self.max_tokens:
+            raise VideoError(
+                "video_too_large",
+                f"{header.width}x{header.height}, {plan.frames} sampled frames: grid "
+                f"{plan.grid} is {plan.tokens} tokens, more than max_video_tokens="
+                f"{self.max_tokens} (raise it, or lower videos_kwargs max_pixels / fps)",
+            )
+        return plan
+
+    def media(self, data: bytes) -> dict[str, np.ndarray]:
+        """The video's model inputs (``pixel_values_videos``, ``video_grid_thw``,
+        Qwen2.5-VL's ``second_per_grid_ts``), decoded now and checked against its plan.
+
+        Raises:
+            VideoError: the video does not decode, or decodes otherwise than its header says.
+        """
+        plan = self.plan(data)
+        frames = decode(data, plan.indices)
+        pixels, grid = process(frames, self.rule)
+        if grid != plan.grid:
+            raise VideoError(
+                "video_corrupt",
+                f"its header ({plan.header.width}x{plan.header.height}, "
+                f"{plan.header.frames} frames) gives grid {plan.grid}, the decoded frames "
+                f"({frames.shape[2]}x{frames.shape[1]}) give {grid}",
+            )
+        out = {
+            "pixel_values_videos": pixels.numpy(),
+            "video_grid_thw": np.asarray([grid], dtype=np.int64),
+        }
+        if "second_per_grid_ts" in self.fields:
+            out["second_per_grid_ts"] = np.asarray([plan.second_per_grid], dtype=np.float32)
+        return out
 
 
 def process(frames: np.ndarray, rule: VideoRule) -> tuple[torch.Tensor, tuple[int, int, int]]:

@@ -8,6 +8,16 @@ Sources (``--format auto`` decides record by record what the explicit format wou
   or a folder of them); image columns as ``{"bytes", "path"}``;
 * a folder of ``.json`` / ``.jsonl`` files (in name order).
 
+Videos (LLaVA-Video-178K / LLaVA-NeXT-Video and Video-LLaVA records with a ``video`` path or
+list, messages with ``{"type": "video"}`` parts, a dataset's ``{"bytes", "path"}`` video
+entries) are stored as they are: each file's bytes become the part ``<key>.vidN.<ext>``, never
+decoded, its extension one of :data:`VIDEO_EXTENSIONS`; the document lists them under
+``videos`` and refers to each by a ``{"type": "video", "video": "vidN.<ext>"}`` part. A
+LLaVA-Video record writes ``<image>`` for its video (LLaVA-NeXT's trainer reads the video in
+its place): with a ``video`` and no ``image``, that placeholder is the video. A video that is
+not there, or is no video file, is reported (``missing_video``, ``unreadable_video``) with the
+record's id and the path.
+
 Output (``OUT`` is created, refused if it exists and is not empty)::
 
     OUT/shards/train-00000.tar ...     <key>.json + <key>.img0.jpg ...   (keys: r000000000 ...)
@@ -35,16 +45,20 @@ import shutil
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from energon_packing.encoding.images import VIDEO_SUFFIXES
 from energon_packing.tools.records import (
     FORMATS,
+    IMAGE,
+    VIDEO,
+    Converted,
     RecordError,
     data_uri,
     detect_format,
     sniff_suffix,
-    suffix_of,
     to_document,
 )
 
@@ -57,6 +71,9 @@ MAP_FILE = "convert_map.jsonl"
 #: 1 / golden ratio: record i goes to val when frac(i * PHI) < val_fraction (evenly spread)
 PHI = 0.6180339887498949
 _CHUNK = 1 << 20
+#: The extensions a video part may have (its source file's, lowercased): the ones the loader
+#: reads as videos.
+VIDEO_EXTENSIONS = tuple(sorted(VIDEO_SUFFIXES))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -276,15 +293,20 @@ _HEAD = 16
 
 class _MediaLoader:
     """Loads a record's media: a path (relative to ``root``), a ``data:`` URI, raw bytes or a
-    Hugging Face image entry ``{"bytes", "path"}``, checked to be images. A file is not read
-    when its first bytes show a common image format: it is copied into the shard as it is."""
+    Hugging Face ``{"bytes", "path"}`` entry. An image is checked to be one; a file is not
+    read when its first bytes show a common image format: it is copied into the shard as it
+    is. A video is never decoded: its first bytes must start a video container."""
 
     def __init__(self, root: Path):
         self.root = root
 
-    def __call__(self, source: Any, kind: str) -> tuple[bytes | FilePart, str]:
+    def __call__(
+        self, source: Any, kind: str, *, record_id: Any = None
+    ) -> tuple[bytes | FilePart, str]:
+        if kind == "video":
+            return self._video(source, record_id)
         path = None
-        if isinstance(source, dict):  # a datasets Image / Video entry
+        if isinstance(source, dict):  # a datasets Image entry
             data, path = source.get("bytes"), source.get("path")
             if data is None and path is None:
                 raise RecordError("missing_image", f"an {kind} entry with neither bytes nor path")
@@ -297,8 +319,6 @@ class _MediaLoader:
             raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
         if data is None:
             return self._file(path, kind)
-        if kind == "video":
-            return data, suffix_of(path or "") or ".mp4"
         suffix = sniff_suffix(data)
         if suffix is None:
             raise RecordError("unreadable_image", f"{path or 'the image bytes'} is not an image")
@@ -310,8 +330,6 @@ class _MediaLoader:
             with open(file, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(_HEAD)
-                if kind == "video":
-                    return FilePart(file, size), suffix_of(path) or ".mp4"
                 suffix = sniff_suffix(head, whole=False)
                 if suffix is not None:
                     return FilePart(file, size), suffix
@@ -326,6 +344,136 @@ class _MediaLoader:
         if suffix is None:
             raise RecordError("unreadable_image", f"{path} is not an image Pillow reads")
         return data, suffix
+
+    def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
+        """A video's bytes (a file's stay in it) and its part suffix."""
+        name = None
+        if isinstance(source, dict):  # a datasets Video entry
+            data, name = source.get("bytes"), source.get("path")
+            if data is None and name is None:
+                raise RecordError(
+                    "missing_video", f"a video entry with neither bytes nor path{_of(record_id)}"
+                )
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        elif isinstance(source, str):
+            data = _video_uri(source, record_id)
+            name = None if data is not None else source.removeprefix("file://")
+        elif isinstance(source, list):
+            raise RecordError(
+                "malformed_record",
+                f"a video given as a list of {len(source)} items (frames?){_of(record_id)}: "
+                "convert stores video files; encode the frames into one and name it",
+            )
+        else:
+            raise RecordError(
+                "malformed_record", f"a video given as {type(source).__name__}{_of(record_id)}"
+            )
+        if data is None:
+            return self._video_file(name, record_id)
+        what = f"the video bytes{f' of {name!r}' if name else ''}{_of(record_id)}"
+        return data, _video_suffix(name or "", data[:_VIDEO_HEAD], len(data), what)
+
+    def _video_file(self, path: str, record_id: Any) -> tuple[FilePart, str]:
+        what = f"video file {path!r}{_of(record_id)}"
+        if path.startswith(("http://", "https://")):
+            raise RecordError(
+                "missing_video",
+                f"{what} is a URL: convert reads local files; download it under {self.root} "
+                "and write its path relative to that folder",
+            )
+        file = Path(path) if Path(path).is_absolute() else self.root / path
+        try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(_VIDEO_HEAD)
+        except FileNotFoundError:
+            raise RecordError(
+                "missing_video",
+                f"{what} not found at {file}: put it there, or pass --media-root the folder "
+                "the record's paths are relative to",
+            ) from None
+        except IsADirectoryError:
+            raise RecordError("unreadable_video", _frames_folder(what, file)) from None
+        except OSError as e:
+            raise RecordError("unreadable_video", f"{what}: {e.strerror or e}") from None
+        return FilePart(file, size), _video_suffix(path, head, size, what)
+
+
+#: Bytes read from a video file to recognise its container (WebM's DocType is within them).
+_VIDEO_HEAD = 64
+#: Top-level boxes an MP4 / QuickTime file starts with.
+_MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
+
+
+def _of(record_id: Any) -> str:
+    return f" (record id {record_id!r})" if record_id is not None else ""
+
+
+def _video_uri(source: str, record_id: Any) -> bytes | None:
+    """The bytes of a ``data:video/...;base64,`` URI, else None."""
+    try:
+        return data_uri(source)
+    except RecordError as e:
+        raise RecordError("unreadable_video", f"{e.detail}{_of(record_id)}") from None
+
+
+def _container(head: bytes) -> str | None:
+    """The video container ``head`` (a file's first bytes) starts, as an extension; None if
+    none of :data:`VIDEO_EXTENSIONS`'."""
+    if head[4:8] in _MP4_BOXES:
+        brand = head[8:12] if head[4:8] == b"ftyp" else b""
+        return "mov" if brand == b"qt  " else "m4v" if brand.startswith(b"M4V") else "mp4"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):  # EBML: Matroska, or WebM by its DocType
+        return "webm" if b"webm" in head else "mkv"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    return None
+
+
+def _video_suffix(name: str, head: bytes, size: int, what: str) -> str:
+    """A video part's suffix: ``name``'s extension, lowercased (one of
+    :data:`VIDEO_EXTENSIONS`), or the container's when ``name`` has none.
+
+    Raises:
+        RecordError: ``unreadable_video``: another extension, or ``head`` starts no video.
+    """
+    extension = Path(name).suffix.lower().removeprefix(".")
+    if extension and extension not in VIDEO_EXTENSIONS:
+        raise RecordError(
+            "unreadable_video",
+            f"{what}: extension .{extension} is not one of {', '.join(VIDEO_EXTENSIONS)}; "
+            "remux it (ffmpeg -i IN -c copy OUT.mp4) and point the record at the new file",
+        )
+    container = _container(head)
+    if container is None:
+        raise RecordError("unreadable_video", f"{what} is not a video file: {_looks(head, size)}")
+    return f".{extension or container}"
+
+
+def _looks(head: bytes, size: int) -> str:
+    """What a file that is no video looks like, and the fix."""
+    if head.startswith(b"version https://git-lfs"):
+        return f"its {size:,} bytes are a Git LFS pointer; fetch the file (git lfs pull)"
+    if not size:
+        return "it is empty (0 bytes); download it again"
+    return (
+        f"its {size:,} bytes start {head[:12]!r}, as no {', '.join(VIDEO_EXTENSIONS)} "
+        "file does; download it again or fix the record's path"
+    )
+
+
+def _frames_folder(what: str, folder: Path) -> str:
+    """A video path that is a folder (ShareGPTVideo's videos are folders of frames)."""
+    try:
+        count = f"{sum(1 for _ in os.scandir(folder)):,} files"
+    except OSError:
+        count = "files"
+    return (
+        f"{what} is a folder ({count}), not a video file: encode its frames into one, e.g. "
+        f"ffmpeg -framerate 2 -pattern_type glob -i '{folder}/*.jpg' {folder.name}.mp4, and "
+        "point the record at it"
+    )
 
 
 _BLOCK = 512
@@ -411,7 +559,8 @@ def convert(
         source: A file or folder of records.
         out: The dataset folder to create (must not exist, or be empty).
         format: ``auto`` or one of ``llava``, ``sharegpt``, ``hf``, ``messages``.
-        media_root: Where relative media paths point (default: the source's folder).
+        media_root: Where relative image and video paths point (default: the source's
+            folder; LLaVA-Video-178K's paths are relative to the folder of their JSON file).
         val_fraction: Records (evenly spread, deterministic) that go to a ``val`` split.
         val_files: Source files (names, as the report and the map write them) whose records
             all go to ``val`` (a source folder holding train and val files).
@@ -475,10 +624,7 @@ def _convert(
             key = f"r{position:09d}"
             position += 1
             try:
-                if isinstance(record, Broken):
-                    raise RecordError("malformed_record", record.detail)
-                fmt = detect_format(record) if format == "auto" else format
-                converted = to_document(record, fmt, load)
+                converted = _document(record, format, load)
             except RecordError as e:
                 result.reported[e.reason] = result.reported.get(e.reason, 0) + 1
                 line = {"file": file, "index": index, "reason": e.reason, "detail": e.detail}
@@ -506,6 +652,109 @@ def _convert(
         parts = [f"{name}:shards/{name}-.*\\.tar$" for name in splits if splits[name].paths]
         prepare_dataset(out, split_parts=parts)
     return result
+
+
+def _document(record: Any, format: str, load: _MediaLoader) -> Converted:
+    """One record as read -> :class:`Converted`, or :class:`RecordError` (its report)."""
+    if isinstance(record, Broken):
+        raise RecordError("malformed_record", record.detail)
+    _refuse_captions(record)
+    as_video = _with_video_placeholders(record)
+    rewritten = as_video is not record
+    record_id = record.get("id") if isinstance(record, dict) else None
+    record = _with_video_parts(as_video)
+    try:
+        fmt = detect_format(record) if format == "auto" else format
+        return to_document(record, fmt, partial(load, record_id=record_id))
+    except RecordError as e:
+        if not rewritten or e.reason != "malformed_record":
+            raise
+        note = "; its <image> placeholders stand for its video (a LLaVA-Video record)"
+        raise RecordError(e.reason, f"{e.detail}{_of(record_id)}{note}") from None
+
+
+def _present(record: dict, *names: str) -> bool:
+    """Whether ``record`` lists media under any of ``names`` (empty strings are none)."""
+    for name in names:
+        value = record.get(name)
+        if any(v not in (None, "") for v in (value if isinstance(value, list) else [value])):
+            return True
+    return False
+
+
+def _turn_key(turn: Any) -> str | None:
+    """The key of a ``from``/``value`` turn's text (``value``, else ``content``)."""
+    if not isinstance(turn, dict):
+        return None
+    return next((k for k in ("value", "content") if isinstance(turn.get(k), str)), None)
+
+
+def _with_video_placeholders(record: Any) -> Any:
+    """A LLaVA-Video record (a ``video``, no ``image``) whose turns write ``<image>`` and never
+    ``<video>``: the same record with ``<video>`` there, since LLaVA-NeXT's trainer reads the
+    video in ``<image>``'s place; any other record as it is."""
+    if not isinstance(record, dict) or not isinstance(record.get("conversations"), list):
+        return record
+    if _present(record, "image", "images") or not _present(record, "video", "videos"):
+        return record
+    turns = record["conversations"]
+    texts = [turn[key] for turn in turns if (key := _turn_key(turn))]
+    if any(VIDEO in text for text in texts) or not any(IMAGE in text for text in texts):
+        return record
+    return {**record, "conversations": [_image_is_video(turn) for turn in turns]}
+
+
+def _image_is_video(turn: Any) -> Any:
+    key = _turn_key(turn)
+    return {**turn, key: turn[key].replace(IMAGE, VIDEO)} if key else turn
+
+
+def _with_video_parts(record: Any) -> Any:
+    """Messages whose video parts name their file as transformers' chat templates write it
+    (``{"type": "video", "path" | "url": ...}``) or OpenAI-style (``{"type": "video_url",
+    "video_url": {"url": ...}}``): the same with ``{"type": "video", "video": ...}``."""
+    if not isinstance(record, dict):
+        return record
+    out = dict(record)
+    for key in ("messages", "conversations"):
+        if isinstance(record.get(key), list):
+            out[key] = [_message_parts(message) for message in record[key]]
+    return out
+
+
+def _message_parts(message: Any) -> Any:
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    return {**message, "content": [_video_part(part) for part in message["content"]]}
+
+
+def _video_part(part: Any) -> Any:
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") == "video_url":
+        source = part.get("video_url")
+        return {"type": "video", "video": source.get("url") if isinstance(source, dict) else source}
+    if part.get("type") == "video" and part.get("video") is None:
+        source = next((part[k] for k in ("path", "url") if isinstance(part.get(k), str)), None)
+        return {**part, "video": source} if source is not None else part
+    return part
+
+
+def _refuse_captions(record: Any) -> None:
+    """ShareGPT4Video's caption records (``sharegpt4video_40k.jsonl``) hold no conversation:
+    reported with the way out (convert writes no prompt of its own)."""
+    if (
+        isinstance(record, dict)
+        and isinstance(record.get("captions"), list)
+        and not any(key in record for key in ("conversations", "messages", "texts"))
+    ):
+        raise RecordError(
+            "malformed_record",
+            f"a caption record ({len(record['captions'])} captions of video "
+            f"{record.get('video_id', record.get('video_path'))!r}), not a conversation: "
+            "convert invents no prompt; convert the SFT file (LLaVA records with 'video' and "
+            "<video>) or write each caption as a user/assistant pair",
+        )
 
 
 def _plain(value: Any) -> Any:

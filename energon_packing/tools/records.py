@@ -39,7 +39,13 @@ __all__ = [
 ]
 
 FORMATS = ("llava", "sharegpt", "hf", "messages")
-REPORT_REASONS = ("missing_image", "unreadable_image", "malformed_record")
+REPORT_REASONS = (
+    "missing_image",
+    "unreadable_image",
+    "missing_video",
+    "unreadable_video",
+    "malformed_record",
+)
 IMAGE, VIDEO = "<image>", "<video>"
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
 
