@@ -315,3 +315,21 @@ def test_the_public_surface_is_listed_once_and_exported_both_ways():
     from energon_packing.loader import energon
 
     assert not set(energon.__all__) & internals
+
+
+def test_both_chat_layouts_are_the_one_declared_interface():
+    """The task encoder talks to the built-in layout and to a processor's through
+    ``ChatLayout`` alone: both are one, and it probes neither for optional methods."""
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.encoding.chat import ChatLayout
+    from energon_packing.testing.families import build
+
+    chats = [
+        PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=64).chat,
+        PackingTaskEncoder(processor=build("qwen2_vl")[0], max_input_seq_length=64).chat,
+        PackingTaskEncoder(processor=build("gemma3")[0], max_input_seq_length=64).chat,
+    ]
+    assert all(isinstance(chat, ChatLayout) for chat in chats)
+    assert [chat.videos is not None for chat in chats] == [True, True, False]
+    encoder = (PACKAGE / "loader" / "task_encoder.py").read_text()
+    assert "getattr(self.chat" not in encoder and "hasattr(self.chat" not in encoder

@@ -220,3 +220,21 @@ def test_on_a_processor_path_the_family_decides_mrope():
     with pytest.raises(ValueError, match="mrope=False, but qwen2_vl"):  # the real config
         PackingTaskEncoder(max_input_seq_length=64, processor=qwen, mrope=False)
     assert PackingTaskEncoder(max_input_seq_length=64, processor=qwen).mrope
+
+
+def test_a_directory_s_video_settings_and_model_time_scale_are_kept(tmp_path):
+    """Built image-only (no torchvision), a Qwen2.5-VL directory's
+    ``video_preprocessor_config.json`` still decides how videos are sampled, and its
+    ``config.json``'s ``vision_config.tokens_per_second`` is checked against the knob: a
+    mismatch would give other video positions than the model's."""
+    processor, _, _ = build("qwen2_5_vl", model=False)
+    save_published(processor, tmp_path)
+    video = {"do_sample_frames": True, "fps": 1.0, "max_frames": 64}
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
+    (tmp_path / "config.json").write_text(json.dumps({"vision_config": {"tokens_per_second": 4}}))
+    with pytest.raises(ValueError, match=r"vision_config.tokens_per_second=4: .*set tokens_per"):
+        PackingTaskEncoder(max_input_seq_length=4096, processor=str(tmp_path))
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=str(tmp_path), tokens_per_second=4)
+    rule = te.chat.videos.rule
+    assert (rule.sample, rule.fps, rule.max_frames) == (True, 1.0, 64)
+    assert te.chat.mrope.tokens_per_second == 4

@@ -158,3 +158,116 @@ def test_video_limits_are_counted_skips_before_any_decode():
         }
         with pytest.raises(Skip, match=match):
             te.chat.encode(key="k", loss_weight=1.0, config=te.config, **fields)
+
+
+# ---- a loader epoch over mixed data ------------------------------------------------------------
+
+CLIPS = sorted(p.name for p in DATA.glob("*") if p.suffix in (".mp4", ".mkv", ".webm", ".mov"))
+
+
+def _video_document(name: str, *, text: str = "What moves?") -> dict:
+    return {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "video", "video": name}, {"type": "text", "text": text}],
+            },
+            {"role": "assistant", "content": "Something moves."},
+        ],
+        "videos": [name],
+    }
+
+
+def _mixed_dataset(path: Path) -> tuple[Path, dict[str, str | None]]:
+    """Synthetic image/text conversations plus video samples, good and broken; key -> the
+    skip reason it must get (None: it must be packed)."""
+    from helpers import make_dataset, raw_sample
+
+    from energon_packing.testing.synth import conversations
+
+    items = list(conversations(24, seed=5, prefix="img"))
+    expected: dict[str, str | None] = {c.key: None for c in items}
+    raw = []
+    for k, clip in enumerate(CLIPS):  # every container: mp4, mov, mkv, webm, edit list
+        key = f"vid{k:02d}"
+        raw.append(raw_sample(key, _video_document(clip), {clip: (DATA / clip).read_bytes()}))
+        expected[key] = None
+    clip = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
+    broken = {
+        "noise": ({"n.mp4": bytes(range(256)) * 8}, _video_document("n.mp4"), "video_unreadable"),
+        "gone": ({}, _video_document("g.mp4"), "missing_video"),
+        "twice": (
+            {"c.mp4": clip},
+            {**_video_document("c.mp4"), "videos": ["c.mp4", "c.mp4"]},
+            "duplicate_video",
+        ),
+        "unplaced": (
+            {"c.mp4": clip},
+            {
+                "messages": [
+                    {"role": "user", "content": "<video><video> Two?"},
+                    {"role": "assistant", "content": "One."},
+                ],
+                "videos": ["c.mp4"],
+            },
+            "placeholder_mismatch",
+        ),
+        "cut": ({"c.mp4": clip[: len(clip) // 2]}, _video_document("c.mp4"), "video_unreadable"),
+    }
+    for key, (parts, document, reason) in broken.items():
+        raw.append(raw_sample(key, document, parts))
+        expected[key] = reason
+    return make_dataset(path, items, per_shard=12, raw=raw), expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixed_epoch_is_exactly_once_with_every_video_skip_counted(tmp_path, workers):
+    """Images, text and videos (every container, and broken ones) through the real loader:
+    each conversation in exactly one pack, or in the skip report under its reason."""
+    from helpers import loader_batches
+
+    from energon_packing.schema import PACKING_SKIPPED
+
+    path, expected = _mixed_dataset(tmp_path / "mixed")
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096, mrope=True)
+    packed, skipped, videos = [], {}, 0
+    for batch in loader_batches(path, te, buffer=8, workers=workers):
+        for ids in batch["source_ids"]:
+            packed.extend(ids)
+        for key, reason in batch[PACKING_SKIPPED]:
+            assert key not in skipped
+            skipped[key] = reason
+        if "video_grid_thw" in batch:
+            videos += sum(len(g) for g in batch["video_grid_thw"])
+    assert len(packed) == len(set(packed)) and not set(packed) & set(skipped)
+    assert sorted(packed) == sorted(k for k, r in expected.items() if r is None)
+    assert skipped == {k: r for k, r in expected.items() if r is not None}
+    assert videos == len(CLIPS)
+
+
+def test_truncation_never_cuts_inside_a_video():
+    """``overlong="truncate"`` cuts text after a video, never the video itself."""
+    from helpers import conversation_sample
+
+    clip = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
+    long = " ".join(f"word{i}" for i in range(600))
+    document = {
+        "messages": [
+            {"role": "user", "content": "<video>" + "Describe."},
+            {"role": "assistant", "content": long},
+        ],
+        "videos": ["c.mp4"],
+    }
+    full = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192)
+    whole = full.encode_sample(conversation_sample("k", document, {"c.mp4": clip}))
+    pads = np.flatnonzero(whole.input_ids == full.chat.tokenizer.special.video_pad)
+    assert len(pads) == 280 and whole.length > 1024
+    cut = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=1024, overlong="truncate")
+    kept = cut.encode_sample(conversation_sample("k", document, {"c.mp4": clip}))
+    assert kept.length == 1024 and (kept.input_ids == whole.input_ids[:1024]).all()
+    assert cut.stats.truncated == 1 and (kept.token_mask > 0).any()
+    late = {**document, "messages": [document["messages"][0] | {"content": long + "<video>"}]}
+    late["messages"].append({"role": "assistant", "content": "Yes."})
+    with pytest.raises(SkipSample):
+        cut.encode_sample(conversation_sample("late", late, {"c.mp4": clip}))
+    assert cut.stats.skipped == {"overlong_media": 1}

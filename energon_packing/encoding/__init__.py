@@ -89,6 +89,13 @@ def make_chat(
             f"tokens_per_second={tokens_per_second} applies to Qwen2.5-VL only, not to "
             f"{chat.family_name} ({chat.name}), whose video positions have no time scale"
         )
+    model = getattr(processor, "model_tokens_per_second", None)  # its directory's config.json
+    if chat.family_name == "qwen2_5_vl" and model is not None and model != tokens_per_second:
+        raise ValueError(
+            f"tokens_per_second={tokens_per_second}, but the model directory's config.json has "
+            f"vision_config.tokens_per_second={model}: video positions would differ from the "
+            f"model's; set tokens_per_second={model}"
+        )
     if videos is not None and chat.video_family is not None:
         overrides = getattr(config, "videos_kwargs", None)
         chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)

@@ -145,7 +145,7 @@ def load_processor(path: str | Path) -> Any:
         video = path / VIDEO_FILES[0]
         if video.is_file():  # its settings still decide how videos are sampled and sized
             processor.video_settings = json.loads(video.read_text())
-        return processor
+        return _with_model_settings(processor, path)
     try:
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:
@@ -158,6 +158,19 @@ def load_processor(path: str | Path) -> Any:
             f"{path} holds a processor config, but AutoProcessor built a "
             f"{type(processor).__name__}, not a processor with an image processor; {_TEXT}"
         )
+    return _with_model_settings(processor, path)
+
+
+def _with_model_settings(processor: Any, path: Path) -> Any:
+    """``processor`` with what the directory's model ``config.json`` says of positions
+    (``vision_config.tokens_per_second``, Qwen2.5-VL), so the knob can be checked against it."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        found = config.get("vision_config", {}).get("tokens_per_second")
+    except (OSError, ValueError, AttributeError):
+        return processor
+    if isinstance(found, (int, float)) and not isinstance(found, bool):
+        processor.model_tokens_per_second = found
     return processor
 
 
