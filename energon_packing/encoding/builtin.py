@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BuiltinChat", "Encoding", "encode"]
 
+#: The mRoPE fields a fingerprint covers (its others follow from the tokenizer and knobs).
+_MROPE_FIELDS = ("vision_start_id", "image_pad_id", "merge_size")
+
 
 @dataclass(kw_only=True, slots=True)
 class Encoding:
@@ -188,8 +191,10 @@ class BuiltinChat:
             "tokenizer": self.tokenizer.fingerprint,
             "special": asdict(self.tokenizer.special),
             "vision": asdict(self.vision) if self.vision is not None else None,
-            "mrope": asdict(self.mrope) if self.mrope is not None else None,
-            "videos": repr(getattr(self.videos, "rule", None)),
+            # the fields of release 0.4 (a video pad id comes from the tokenizer, above)
+            "mrope": {k: v for k, v in asdict(self.mrope).items() if k in _MROPE_FIELDS}
+            if self.mrope is not None
+            else None,
         }
         blob = json.dumps(parts, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

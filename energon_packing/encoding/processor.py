@@ -2,8 +2,8 @@
 
 A conversation is rendered by the processor's chat template and tokenized exactly as
 ``processor.apply_chat_template(messages, tokenize=True)`` would (the processor's own
-``replace_image_token`` expands each image placeholder), but at encode time from the image
-*headers* alone: the family's size rule (:mod:`.families`) feeds the processor's own expansion,
+``replace_image_token`` expands each image placeholder, ``replace_video_token`` each video's),
+but at encode time from the image and video *headers* alone: the family's size rule (:mod:`.families`) feeds the processor's own expansion,
 so the predicted length is the real one and no pixel is decoded while a conversation waits in
 the buffer. Text is tokenized once, there. At pack time only the image side runs: the image
 processor on the decoded images (one call for a whole pack where the family's image processor
@@ -217,9 +217,12 @@ class ProcessorChat:
                 "added": sorted((i, t.content) for i, t in tokenizer.added_tokens_decoder.items()),
                 "special": sorted(tokenizer.all_special_ids),
                 "pad": self.pad_id,
-                "mrope": repr(self.mrope),
-                "videos": repr(getattr(self.videos, "rule", None)),
             }
+            settings = self.video_settings  # the processor's own (videos_kwargs is a knob)
+            if settings is not None:  # absent otherwise: image-only fingerprints stay as they were
+                parts["video_settings"] = (
+                    dict(settings) if isinstance(settings, Mapping) else settings.to_dict()
+                )
             blob = json.dumps(parts, sort_keys=True, default=str)
             self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         return self._fingerprint

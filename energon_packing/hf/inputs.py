@@ -43,6 +43,7 @@ from energon_packing.schema import (
     POSITION_IDS,
     SOURCE_IDS,
     TOKEN_MASK,
+    VIDEO_GRID_THW,
     PackContractError,
     is_empty,
     model_fields,
@@ -235,11 +236,14 @@ def _positions(
         return positions[row][None]
     if three:
         rope = positions[:, row]
-    elif batch.get(IMAGE_GRID_THW) is not None and len(batch[IMAGE_GRID_THW][row]):
+    elif any(
+        batch.get(key) is not None and len(batch[key][row])
+        for key in (IMAGE_GRID_THW, VIDEO_GRID_THW)
+    ):
         raise PackContractError(
             f"position_ids: {config.model_type!r} reads mRoPE positions and the pack has "
-            f"images, but its positions are 1-row; build the loader with this model's "
-            f"processor (source_ids={source_ids})"
+            f"images or videos, but its positions are 1-row; build the loader with this "
+            f"model's processor, or mrope=True (source_ids={source_ids})"
         )
     else:  # text only: the three mRoPE rows are the text positions
         rope = positions[row].expand(3, -1)
