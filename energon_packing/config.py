@@ -318,8 +318,8 @@ class SampleKnobs:
         restore=MAY_RAISE,
         default_text="50,000,000",
         effect="reject threshold: pixels (width * height, from the header, before any decode) "
-        "an image may have, else it is skipped (`image_too_large`); not the resize target "
-        "(`max_pixels`)",
+        "an image or a video frame may have, else it is skipped (`image_too_large`, "
+        "`video_too_large`); not the resize target (`max_pixels`)",
         related="worker memory",
     )
     max_video_frames: int = _knob(

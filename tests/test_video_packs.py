@@ -271,3 +271,11 @@ def test_truncation_never_cuts_inside_a_video():
     with pytest.raises(SkipSample):
         cut.encode_sample(conversation_sample("late", late, {"c.mp4": clip}))
     assert cut.stats.skipped == {"overlong_media": 1}
+
+
+def test_a_frame_over_max_image_pixels_is_refused_from_the_header():
+    """A frame size the worker must not decode (``max_image_pixels`` covers video frames)."""
+    te = encoder("qwen2_vl", max_image_pixels=48 * 36 - 1)
+    with pytest.raises(SkipSample):
+        te.encode_sample(sample("video_then_text"))
+    assert te.stats.skipped == {"video_too_large": 1}

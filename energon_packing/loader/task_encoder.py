@@ -173,6 +173,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             VideoRule.of(family, settings, overrides=overrides),
             max_frames=config.max_video_frames,
             max_tokens=config.max_video_tokens,
+            max_pixels=config.max_image_pixels,
         )
 
     @classmethod

@@ -488,12 +488,21 @@ class VideoSide:
         rule: The family's video processor settings.
         max_frames: Frames a video may be sampled to (``max_video_frames``).
         max_tokens: Video-pad tokens a video may expand to (``max_video_tokens``; None: any).
+        max_pixels: Pixels a frame may have before it is decoded (``max_image_pixels``).
     """
 
-    def __init__(self, rule: VideoRule, *, max_frames: int, max_tokens: int | None = None):
+    def __init__(
+        self,
+        rule: VideoRule,
+        *,
+        max_frames: int,
+        max_tokens: int | None = None,
+        max_pixels: int | None = None,
+    ):
         self.rule = rule
         self.max_frames = max_frames
         self.max_tokens = max_tokens
+        self.max_pixels = max_pixels
         self.fields = VIDEO_FIELDS[rule.family]
 
     def __repr__(self) -> str:
@@ -503,6 +512,13 @@ class VideoSide:
         """The video's plan from its header; a video over a limit, unreadable, or that the
         family's rules refuse is a :class:`VideoError` (nothing decoded)."""
         header = probe(data)
+        pixels = header.width * header.height
+        if self.max_pixels is not None and pixels > self.max_pixels:
+            raise VideoError(
+                "video_too_large",
+                f"frames of {header.width}x{header.height} = {pixels:,} pixels, more than "
+                f"max_image_pixels={self.max_pixels:,}; nothing was decoded",
+            )
         plan = self.rule.plan(header)
         seconds = f"{header.frames / header.fps:.1f} s" if header.fps else "no frame rate"
         if plan.frames > self.max_frames:
