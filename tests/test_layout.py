@@ -74,7 +74,7 @@ EVERYWHERE = {
 #: the packing core may import itself
 ALLOWED_INSIDE = {
     "packing": ("energon_packing.packing",),
-    "media": ("energon_packing.media", "energon_packing.errors"),
+    "media": ("energon_packing.media", "energon_packing.errors", "energon_packing.resize"),
 }
 #: Energon's public surface; everything deeper is an internal, used in one module only
 ENERGON_PUBLIC = ("megatron.energon", "megatron.energon.errors", "megatron.energon.cli.main")

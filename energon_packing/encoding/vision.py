@@ -13,19 +13,17 @@ RGB with alpha composited on white, PIL bicubic resize, ``float64 * 1/255 -> flo
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from PIL import Image
 
 from energon_packing.config import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
 from energon_packing.encoding.chat import Skip
 from energon_packing.encoding.images import decode
+from energon_packing.resize import MAX_ASPECT_RATIO
+from energon_packing.resize import smart_resize as resize
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-#: The largest long side / short side ratio Qwen2-VL's ``smart_resize`` takes.
-MAX_ASPECT_RATIO = 200
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -40,31 +38,27 @@ __all__ = [
 
 
 def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, int]:
-    """Qwen2-VL's target size: both sides multiples of ``factor`` (28), pixels within
-    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible.
+    """Qwen2-VL's target size (:func:`energon_packing.resize.smart_resize`) under the built-in
+    layout's bounds.
 
     Raises:
         Skip: ``image_aspect_ratio``, an aspect ratio above 200 (Qwen2-VL's own limit).
     """
-    factor = config.factor
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+    try:
+        return resize(
+            height,
+            width,
+            factor=config.factor,
+            min_pixels=config.min_pixels,
+            max_pixels=config.max_pixels,
+        )
+    except ValueError:
         raise Skip(
             "image_aspect_ratio",
             f"image of {width}x{height} px (upright) has an aspect ratio of "
             f"{max(height, width) / min(height, width):,.1f}, above {MAX_ASPECT_RATIO}, which "
             f"Qwen2-VL refuses; crop or pad such images (e.g. text lines) before packing",
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > config.max_pixels:
-        beta = math.sqrt((height * width) / config.max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < config.min_pixels:
-        beta = math.sqrt(config.min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+        ) from None
 
 
 def grid_for(width: int, height: int, config: VisionConfig) -> tuple[int, int, int]:

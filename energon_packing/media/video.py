@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from energon_packing.errors import Skip
+from energon_packing.resize import smart_resize
 
 __all__ = [
     "FAMILIES",
@@ -137,22 +138,12 @@ def decode(data: bytes, indices: Sequence[int]) -> np.ndarray:
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
     """Qwen2-VL's ``smart_resize`` (per frame)."""
-    if max(height, width) / min(height, width) > 200:
-        raise VideoError(
-            "video_aspect_ratio",
-            f"aspect ratio {max(height, width) / min(height, width):.0f} > 200",
+    try:
+        return smart_resize(
+            height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels
         )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    except ValueError as e:
+        raise VideoError("video_aspect_ratio", f"frames of {width}x{height}: {e} > 200") from None
 
 
 def _smart_resize_frames(
