@@ -17,6 +17,8 @@ from energon_packing.tools.cli import main
 from energon_packing.tools.picture import describe, pack_segments
 from energon_packing.tools.report import format_table, measure_costs, packing_table
 
+VIDEO_DATA = SAMPLE_DATA / "video"
+
 
 def invoke(*args):
     result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
@@ -59,6 +61,8 @@ def test_demo_reports_the_librarys_numbers(tmp_path, synth_dataset, bundled):
         r"^loader packs\s+" + str(len(batches)) + r"\s+" + f"{len(batches) * 2048:,}", output, re.M
     )
     assert "trainer packs (batch 16, modified_first_fit_decreasing)" in output
+    # the bundled conversations with videos follow the default run only (not --data)
+    assert (f"\nVideos: {VIDEO_DATA}\n" in output) == bundled
 
 
 def test_stats_table_equals_the_library(synth_dataset):
@@ -199,6 +203,125 @@ def test_the_tool_runs_any_family_through_its_processor_dir(processor_dir, synth
     assert preview.startswith("pack 0  2048 tokens")
 
 
+# ---- videos: sample_data/video (16 of its 32 conversations hold a clip) ---------------
+
+
+def video_encoder() -> PackingTaskEncoder:
+    """The demo's, preview's and stats' encoder over the video data (C=2048)."""
+    return PackingTaskEncoder(
+        tokenizer="bundled",
+        max_input_seq_length=2048,
+        pad_multiple=8,
+        carry=True,
+        max_skips_without_pack=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def video_packs():
+    """The video data through the loader directly: the encoder (its stats) and every pack."""
+    te = video_encoder()
+    return te, [b for b in loader_batches(VIDEO_DATA, te, buffer=64) if b["input_ids"].shape[0]]
+
+
+def test_demo_video_section_counts_what_the_loader_packed(tmp_path, video_packs):
+    """The section's numbers are the direct loader run's, counted from its packs: conversations
+    with videos (video_source_index), clips, video-pad and image-pad tokens, real tokens."""
+    picture = tmp_path / "demo.png"
+    output = invoke("demo", "--data", VIDEO_DATA, "--videos", VIDEO_DATA, "--picture", picture)
+    te, batches = video_packs
+    video_pad, image_pad = te.chat.tokenizer.special.video_pad, te.image_token_id
+    assert video_pad == 1633
+    owners = [
+        b["video_source_index"][0].tolist() if "video_source_index" in b else [] for b in batches
+    ]
+    ids = [b["input_ids"][0] for b in batches]
+    clips = sum(len(o) for o in owners)
+    with_videos = sum(len(set(o)) for o in owners)
+    video_tokens = sum(int((i == video_pad).sum()) for i in ids)
+    image_tokens = sum(int((i == image_pad).sum()) for i in ids)
+    real = sum(int(b["cu_seqlens"][0][-1]) for b in batches)
+    # every clip's tokens are its grid's, t*h*w / merge_size**2
+    grids = sum(int(g.prod()) // 4 for b in batches for g in b.get("video_grid_thw", [[]])[0])
+    assert video_tokens == grids > 0 and clips == with_videos == 16
+    section = output[output.index(f"\nVideos: {VIDEO_DATA}\n") :]
+    stats = te.stats
+    assert re.search(
+        rf"^  {stats.read} conversations read, {stats.packed} packed into {len(batches)} packs of "
+        rf"2048 tokens in [\d.]+ s \(same loader, buffer 64, carry on\)$",
+        section,
+        re.M,
+    )
+    assert (
+        f"  in the packs: {with_videos} conversations with videos, {clips} video clips, "
+        f"{video_tokens:,} video tokens, {image_tokens:,} image tokens, {real:,} real tokens\n"
+    ) in section
+    assert f"  efficiency {100 * stats.efficiency:.1f} % real tokens\n" in section
+    assert stats.skipped == {"overlong": 1}  # the section lists the reasons, with a key
+    assert f"  skipped: overlong: 1 (e.g. {stats.skipped_keys['overlong'][0]})\n" in section
+    second = tmp_path / "demo-video.png"
+    assert f"picture of the first {len(batches)} packs with videos: {second}" in section
+    assert second.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stats_counts_the_video_tokens_of_every_conversation():
+    """Video tokens: the video-pad ids of every encoded conversation, and as many as the
+    clips' headers plan (Qwen2-VL's rule at 2 fps); image tokens beside them."""
+    from energon_packing.encoding import BUILTIN_VIDEO_SETTINGS
+    from energon_packing.loader.loading import epoch
+    from energon_packing.media.video import VideoRule, probe
+
+    output = invoke(
+        "stats", VIDEO_DATA, "--capacity", 2048, "--buffer", 64, "--algorithm", "subset_fill"
+    )
+    te = video_encoder()
+    rule = VideoRule.of("qwen2_vl", BUILTIN_VIDEO_SETTINGS)
+    video_pad = te.chat.tokenizer.special.video_pad
+    video_tokens = image_tokens = planned = clips = 0
+    for sample in epoch(VIDEO_DATA, te, packing_buffer_size=None, batch_size=None):
+        video_tokens += int((sample.input_ids == video_pad).sum())
+        image_tokens += int((sample.input_ids == te.image_token_id).sum())
+        planned += sum(rule.tokens(probe(data)) for data in sample.videos)
+        clips += len(sample.videos)
+    assert video_tokens == planned > 0
+    assert (
+        f" real tokens ({image_tokens:,} image tokens, {video_tokens:,} video tokens from "
+        f"{clips} clips), C=2048, pad_multiple=8\n"
+    ) in output
+
+
+def test_preview_marks_the_video_pad_runs(tmp_path, video_packs):
+    """Each video's span in the text is a run of video-pad ids as long as its grid says,
+    between <|vision_start|> and <|vision_end|>."""
+    output = invoke(
+        "preview", VIDEO_DATA, "--capacity", 2048, "--packs", 3, "--picture", tmp_path / "p.png"
+    )
+    te, batches = video_packs
+    special = te.chat.tokenizer.special
+    expected = describe(
+        [
+            pack_segments(b, 0, image_pad_id=te.image_token_id, video_pad_id=special.video_pad)
+            for b in batches[:3]
+        ]
+    )
+    assert expected in output
+    spans = []
+    for n, block in enumerate(re.split(r"^pack \d+ ", output, flags=re.M)[1:4]):
+        ids = batches[n]["input_ids"][0]
+        for t, h, w, a, b in re.findall(r"(\d+)x(\d+)x(\d+) at \[\s*(\d+),\s*(\d+)\)", block):
+            a, b = int(a), int(b)
+            assert b - a == int(t) * int(h) * int(w) // 4
+            assert (ids[a:b] == special.video_pad).all()
+            assert ids[a - 1] == special.vision_start and ids[b] == special.vision_end
+            spans.append((n, a, b))
+    assert (
+        len(spans)
+        == sum(len(b["video_source_index"][0]) for b in batches[:3] if "video_source_index" in b)
+        > 0
+    )
+    assert (tmp_path / "p.png").exists()
+
+
 # ---- the shard check, prepare's refusal, and wrong uses ----------------------------------
 
 
@@ -245,6 +368,7 @@ def test_check_prints_the_losses_and_exits_1(tmp_path):
     assert "prepare" in result.output and "--allow-losses" in result.output
     clean = run("check", SAMPLE_DATA)
     assert clean.exit_code == 0 and "nothing lost" in clean.output
+    # **/*.tar: the main 4 shards of 100 and video/'s 2 shards of 16
     assert "4 shards" in clean.output and "400 samples" in clean.output
 
 
@@ -331,3 +455,20 @@ def test_knob_errors_name_the_cli_flags(synth_dataset):
     """The config's own checks speak of max_input_seq_length; the CLI user typed --capacity."""
     line = error_line(run("stats", synth_dataset, "--capacity", 0))
     assert "--capacity" in line and "max_input_seq_length" not in line
+
+
+def test_check_reads_every_video_header(tmp_path):
+    """``check`` reads each video part's container header: a clip the loader would skip is
+    named with its shard, key and reason, and the exit code is 1; ``--no-videos`` skips it."""
+    from test_video_packs import CLIPS, _mixed_dataset
+
+    path, expected = _mixed_dataset(tmp_path / "mixed")
+    result = run("check", path)
+    assert result.exit_code == 1, result.output
+    parts = len(CLIPS) + 4  # noise, cut, twice, unplaced ("gone" has no part)
+    assert f"{parts} video parts" in result.output and "2 unreadable" in result.output
+    for key in ("noise", "cut"):
+        assert f"  {key}  {expected[key]}: " in result.output
+    assert run("check", path, "--no-videos").exit_code == 0
+    clean = run("check", SAMPLE_DATA / "video")
+    assert clean.exit_code == 0 and "every header reads" in clean.output

@@ -417,8 +417,15 @@ def _group(members: Iterable[Member]) -> tuple[list[tuple[str, list[Member]]], l
 
 
 def shard_paths(path: Path | str) -> list[str]:
-    """The shards ``energon prepare`` finds: ``**/*.tar`` and ``**/*.tgz``, sorted, relative."""
+    """The shards of a dataset folder, relative: a prepared one's own (its
+    ``.nv-meta/.info.json``, present on disk: another dataset nested inside it is not its),
+    else those ``energon prepare`` would find (``**/*.tar`` and ``**/*.tgz``), sorted."""
     root = Path(path)
+    try:
+        listed = json.loads((root / ".nv-meta" / ".info.json").read_text())["shard_counts"]
+        return sorted(name for name in listed if (root / name).is_file())
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     found = list(root.glob("**/*.tar")) + list(root.glob("**/*.tgz"))
     return [str(p.relative_to(root)) for p in sorted(found)]
 

@@ -24,6 +24,8 @@ from energon_packing.schema import is_empty
 __all__ = ["main"]
 
 REPO_SAMPLE_DATA = Path(__file__).resolve().parents[2] / "sample_data"
+#: The bundled dataset with videos (``sample_data/regenerate.py`` writes it).
+REPO_VIDEO_DATA = REPO_SAMPLE_DATA / "video"
 
 
 def _quiet(*, progress: bool = False) -> None:
@@ -161,20 +163,39 @@ def _processor_option(fn):
     show_default=True,
 )
 @click.option("--packs", "shown", default=6, show_default=True, help="Packs drawn in the picture.")
+@click.option(
+    "--videos",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    callback=_prepared,
+    default=None,
+    help="A prepared dataset with videos, packed after the main report and drawn in a second "
+    "picture (<picture>-video.png). Default: the bundled sample_data/video, unless --data is "
+    "given.",
+)
 @_processor_option
+@click.pass_context
 def demo(
+    ctx: click.Context,
     data: Path | None,
     capacity: int,
     buffer: int,
     trainer_batch: int,
     picture: Path,
     shown: int,
+    videos: Path | None,
     processor: Path | None,
 ) -> None:
-    """Pack the bundled sample data through the real Energon loader and report."""
+    """Pack the bundled sample data through the real Energon loader and report; then the
+    bundled conversations with videos (or --videos PATH)."""
     _quiet()
     if data is None:
         raise click.UsageError("no bundled sample_data next to this install; pass --data PATH")
+    if (
+        videos is None
+        and ctx.get_parameter_source("data") is click.core.ParameterSource.DEFAULT
+        and (REPO_VIDEO_DATA / ".nv-meta").is_dir()
+    ):
+        videos = REPO_VIDEO_DATA
     from energon_packing.packing import lower_bound
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import (
@@ -185,6 +206,7 @@ def demo(
         measure_costs,
         packing_table,
         recommend,
+        video_token_id,
     )
 
     # processor: the family's own template, image tokens and pixels
@@ -231,13 +253,68 @@ def demo(
         )
         + "\n"
     )
-    layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches[:shown]]
+    layouts = [
+        pack_segments(b, 0, image_pad_id=te.image_token_id, video_pad_id=video_token_id(te))
+        for b in batches[:shown]
+    ]
     draw(
         layouts,
         picture,
         title=f"first {len(layouts)} loader packs of {data.name} (C={capacity}, carry)",
     )
     click.echo(f"picture of the first {len(layouts)} packs: {picture}")
+    if videos is not None:
+        knobs = dict(knobs, processor=processor)
+        _demo_videos(videos, knobs=knobs, buffer=buffer, picture=picture, shown=shown)
+
+
+def _demo_videos(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: int) -> None:
+    """The demo's video section: ``path`` packed through the real loader with the demo's
+    knobs; what the packs hold, counted from the packs themselves, and a picture with the
+    video tokens marked."""
+    from energon_packing.tools.picture import draw, pack_segments
+    from energon_packing.tools.report import format_skipped, video_token_id
+
+    te = _encoder(tokenizer="bundled", carry=True, **knobs)
+    video_pad = video_token_id(te)
+    click.echo(f"\nVideos: {path}")
+    if video_pad is None:
+        click.echo(f"  not packed: {te.chat!r} takes no videos")
+        return
+    start = time.perf_counter()
+    batches = [b for b in epoch(path, te, packing_buffer_size=buffer) if not is_empty(b)]
+    seconds = time.perf_counter() - start
+    stats = te.stats
+    layouts = [
+        pack_segments(b, row, image_pad_id=te.image_token_id, video_pad_id=video_pad)
+        for b in batches
+        for row in range(len(b["source_ids"]))
+    ]
+    segments = [s for layout in layouts for s in layout.segments]
+    clips = sum(len(s.video_grids) for s in segments)
+    click.echo(
+        f"  {stats.read} conversations read, {stats.packed} packed into {stats.packs} packs of "
+        f"{knobs['capacity']} tokens in {seconds:.1f} s (same loader, buffer {buffer}, carry on)"
+    )
+    click.echo(
+        f"  in the packs: {sum(bool(s.video_grids) for s in segments)} conversations with "
+        f"videos, {clips} video clips, {sum(p.video_tokens for p in layouts):,} video tokens, "
+        f"{sum(p.image_tokens for p in layouts):,} image tokens, "
+        f"{sum(p.real_tokens for p in layouts):,} real tokens"
+    )
+    click.echo(f"  efficiency {100 * stats.efficiency:.1f} % real tokens")
+    click.echo(f"  {format_skipped(dict(stats.skipped), stats.skipped_keys)}")
+    if not layouts:
+        return
+    shown_layouts = layouts[:shown]
+    second = picture.with_name(f"{picture.stem}-video{picture.suffix}")
+    draw(
+        shown_layouts,
+        second,
+        title=f"first {len(shown_layouts)} loader packs of {path.name} (C={knobs['capacity']}, "
+        f"carry): video tokens xxxx, image tokens ////",
+    )
+    click.echo(f"picture of the first {len(shown_layouts)} packs with videos: {second}")
 
 
 def _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor):
@@ -348,6 +425,7 @@ def stats(
         capacity_hint,
         format_skipped,
         format_table,
+        format_tokens,
         measure_costs,
         packing_table,
         recommend,
@@ -358,9 +436,10 @@ def stats(
     measured = measure_costs(path, te, progress=True)
     if not measured.costs:
         _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
+    media = format_tokens(measured)
     click.echo(
-        f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens, "
-        f"C={capacity}, pad_multiple={pad_multiple}"
+        f"{path}: {len(measured.costs)} conversations, {sum(measured.lengths):,} real tokens"
+        f"{f' ({media})' if media else ''}, C={capacity}, pad_multiple={pad_multiple}"
     )
     click.echo(format_skipped(measured.skipped, te.stats.skipped_keys))
     total = len(measured.costs) + sum(measured.skipped.values())
@@ -405,12 +484,13 @@ def preview(
     count,
     picture,
 ) -> None:
-    """Print the first packs (segments, boundaries, image owners) and draw them."""
+    """Print the first packs (segments, boundaries, image and video owners, the video tokens'
+    spans) and draw them."""
     import itertools
 
     _quiet()
     from energon_packing.tools.picture import describe, draw, pack_segments
-    from energon_packing.tools.report import format_skipped
+    from energon_packing.tools.report import format_skipped, video_token_id
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, carry=carry)
     skipped: dict[str, list[str]] = {}
@@ -425,7 +505,10 @@ def preview(
     batches = list(itertools.islice(packs(), count))
     if not batches:
         _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
-    layouts = [pack_segments(b, 0, image_pad_id=te.image_token_id) for b in batches]
+    video_pad = video_token_id(te)
+    layouts = [
+        pack_segments(b, 0, image_pad_id=te.image_token_id, video_pad_id=video_pad) for b in batches
+    ]
     click.echo(describe(layouts))
     if skipped:  # read while filling the buffer for these packs
         counts = {reason: len(keys) for reason, keys in skipped.items()}
@@ -563,9 +646,17 @@ def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
 @main.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--limit", default=50, show_default=True, help="Findings listed (all are counted).")
-def check(path: Path, limit: int) -> None:
+@click.option(
+    "--videos/--no-videos",
+    default=True,
+    show_default=True,
+    help="Also read every video part's container header (its bytes are read, no frame is "
+    "decoded): a clip the loader would skip is listed before training.",
+)
+def check(path: Path, limit: int, videos: bool) -> None:
     """Read every tar header of every shard under PATH; list what Energon or WebDataset would
-    drop, with shard, offset, key and reason. Exits 1 when anything would be lost."""
+    drop, with shard, offset, key and reason, and every video whose header does not read.
+    Exits 1 when anything would be lost or skipped."""
     from energon_packing.loader.shards import scan_dataset, shard_paths
     from energon_packing.tools.report import format_scan
 
@@ -574,6 +665,7 @@ def check(path: Path, limit: int) -> None:
     start = time.perf_counter()
     scan = scan_dataset(path)
     click.echo(format_scan(scan, seconds=time.perf_counter() - start, limit=limit))
+    unreadable = _check_videos(path, limit) if videos else []
     if scan.empty:
         names = ", ".join(s.shard for s in scan.empty[:5])
         click.echo(
@@ -593,6 +685,33 @@ def check(path: Path, limit: int) -> None:
         if scan.findings:
             click.echo(f"\n{len(scan.findings):,} finding(s): {advice}")
         raise SystemExit(1)
+    if unreadable:
+        raise SystemExit(1)
+
+
+def _check_videos(path: Path, limit: int) -> list:
+    """``check``'s video pass (:func:`energon_packing.tools.video_check.scan_videos`): prints
+    what it read and the videos the loader would skip; returns those."""
+    try:
+        from energon_packing.tools.video_check import scan_videos
+
+        start = time.perf_counter()
+        found = scan_videos(path)
+    except ImportError as e:  # PyAV: the [video] extra
+        click.echo(f"\nvideo headers not read ({e}); pip install 'energon-packing[video]'")
+        return []
+    if not found.videos:
+        return []
+    click.echo(
+        f"\n{found.videos:,} video parts ({found.bytes / 1e6:,.1f} MB) read in "
+        f"{time.perf_counter() - start:.1f} s: "
+        + (f"{len(found.findings):,} unreadable" if found.findings else "every header reads")
+    )
+    for f in found.findings[:limit]:
+        click.echo(f"  {f.shard} @ {f.offset:,}  {f.key}  {f.reason}: {f.detail}")
+    if found.findings:
+        click.echo("the loader skips these conversations, counted under these reasons")
+    return found.findings
 
 
 @main.command("convert")

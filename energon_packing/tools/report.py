@@ -1,8 +1,8 @@
 """Numbers a person reads: packing tables per algorithm and buffer, loader vs trainer path.
 
 ``measure_costs`` reads a prepared dataset through Energon and the encoder (token ids and
-image sizes from headers: no pixel is decoded); everything else is pure arithmetic on the
-measured costs, so the same numbers come out of the CLI, the tests and the library.
+image and video sizes from headers: no pixel is decoded); everything else is pure arithmetic
+on the measured costs, so the same numbers come out of the CLI, the tests and the library.
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ __all__ = [
     "format_scan",
     "format_skipped",
     "format_table",
+    "format_tokens",
     "loader_vs_trainer",
     "measure_costs",
     "packing_table",
     "recommend",
     "shortest_cost",
     "unbounded_costs",
+    "video_token_id",
 ]
 
 TRAINER_DEFAULT = "modified_first_fit_decreasing"  # NeMo-RL's trainer-side default
@@ -54,6 +56,12 @@ class Measured:
     lengths: list[int]  # real tokens
     skipped: dict[str, int]
     capacity: int
+    #: image-pad tokens of every conversation (None: the layout takes no images)
+    image_tokens: int | None = None
+    #: video-pad tokens of every conversation (None: the layout takes no videos)
+    video_tokens: int | None = None
+    videos: int = 0  # video clips
+    with_videos: int = 0  # conversations with at least one video
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,12 +84,28 @@ class Row:
         return self.real_tokens / (self.packs * self.capacity) if self.packs else 0.0
 
 
+def video_token_id(task_encoder: Any) -> int | None:
+    """The id of the token a video expands to in ``task_encoder``'s layout (the built-in
+    layout's ``<|video_pad|>``, a Qwen processor's video token), or None when it takes no
+    videos."""
+    chat = task_encoder.chat
+    token = getattr(chat, "video_token_id", None)  # a processor's layout
+    if token is None and getattr(chat, "videos", None) is not None:
+        special = getattr(getattr(chat, "tokenizer", None), "special", None)
+        token = getattr(special, "video_pad", None)  # the built-in layout
+    return token
+
+
 def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True) -> Measured:
     """Encodes every conversation of the train split once (no pixels decoded) and records its
-    packing cost, with the loader's read order."""
+    packing cost, with the loader's read order, and its image and video tokens."""
+    import numpy as np
+
     from energon_packing.loader.loading import epoch
 
     keys, costs, lengths = [], [], []
+    image_id, video_id = task_encoder.image_token_id, video_token_id(task_encoder)
+    image_tokens = video_tokens = videos = with_videos = 0
     samples: Iterable = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
     if progress:
         from tqdm import tqdm
@@ -97,13 +121,40 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         keys.append(sample.__key__)
         costs.append(sample.cost)
         lengths.append(sample.length)
+        ids = np.asarray(sample.input_ids)
+        if image_id is not None:
+            image_tokens += int(np.count_nonzero(ids == image_id))
+        if video_id is not None:
+            video_tokens += int(np.count_nonzero(ids == video_id))
+        clips = len(sample.videos or ())
+        videos += clips
+        with_videos += clips > 0
     return Measured(
         keys=keys,
         costs=costs,
         lengths=lengths,
         skipped=_with_losses(path, dict(task_encoder.stats.skipped)),
         capacity=task_encoder.config.max_input_seq_length,
+        image_tokens=image_tokens if image_id is not None else None,
+        video_tokens=video_tokens if video_id is not None else None,
+        videos=videos,
+        with_videos=with_videos,
     )
+
+
+def format_tokens(measured: Measured) -> str:
+    """The media tokens among the real ones, as the layout counts them: ``1,711 image tokens,
+    4,921 video tokens from 16 clips``; empty for a text-only layout."""
+    parts = []
+    if measured.image_tokens is not None:
+        parts.append(f"{measured.image_tokens:,} image tokens")
+    if measured.video_tokens is not None:
+        clips = f"{measured.videos:,} clip{'s' if measured.videos != 1 else ''}"
+        parts.append(
+            f"{measured.video_tokens:,} video tokens"
+            + (f" from {clips}" if measured.videos else "")
+        )
+    return ", ".join(parts)
 
 
 def _with_losses(path: Path | str, skipped: dict[str, int]) -> dict[str, int]:
