@@ -4,10 +4,10 @@ Through the real Energon loader (C=2048, pad_multiple 8, carry on, buffer 64, ba
 0 and 2 loader workers, two datasets of the same conversations:
 
 * with videos: the bundled ``sample_data/video`` (32 conversations, half with a 1-3 s h264
-  clip), or with ``--count N`` N generated ones (:func:`~energon_packing.testing.synth.
+  clip), or with ``--count N`` N generated ones (:func:`~energon_packing.testing.clips.
   video_conversations`, a temp dir);
 * without videos: the same documents with each video part removed and each reference to it
-  replaced by the words ``(a video)`` (:func:`~energon_packing.testing.synth.without_videos`);
+  replaced by the words ``(a video)`` (:func:`~energon_packing.testing.clips.without_videos`);
   text and images unchanged.
 
 Each run is a fresh process. conversations/s: packed conversations over the wall time of one
@@ -69,7 +69,8 @@ def read_conversations(path: Path) -> list:
 def build(root: Path, count: int | None, *, seed: int) -> dict[str, Path]:
     """The two datasets, prepared under ``root``: ``with videos`` and ``without videos``."""
     from energon_packing.loader.prepare import prepare_dataset
-    from energon_packing.testing.synth import video_conversations, without_videos, write_shards
+    from energon_packing.testing.clips import video_conversations, without_videos
+    from energon_packing.testing.synth import write_shards
 
     if count is None:
         if not (BUNDLED / ".nv-meta").is_dir():

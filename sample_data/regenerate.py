@@ -27,8 +27,9 @@ import shutil
 from pathlib import Path
 
 from energon_packing.loader.prepare import prepare_dataset
+from energon_packing.testing.clips import video_conversations
 from energon_packing.testing.corpora import llava_json
-from energon_packing.testing.synth import conversations, video_conversations, write_shards
+from energon_packing.testing.synth import conversations, write_shards
 
 HERE = Path(__file__).resolve().parent
 SEED = 2024
