@@ -63,8 +63,10 @@ DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 DEFAULT_MAX_VIDEO_FRAMES = 768
 #: Qwen2.5-VL's published ``vision_config.tokens_per_second`` (transformers' class default: 4).
 DEFAULT_TOKENS_PER_SECOND = 2
-#: What ``videos_kwargs`` may set: the Qwen video processors' own names.
-VIDEO_KWARGS = (
+#: The largest ``tokens_per_second`` taken (published Qwen2.5-VL: 2; transformers' default: 4).
+MAX_TOKENS_PER_SECOND = 1000
+#: What ``video_config`` may set: the Qwen video processors' own names.
+VIDEO_CONFIG_KEYS = (
     "do_sample_frames",
     "fps",
     "num_frames",
@@ -328,7 +330,7 @@ class SampleKnobs:
         effect="reject threshold: frames a video's sampling may take (worked out from its "
         "header, before any decode), else it is skipped (`video_too_large`); bounds a worker's "
         "decode memory",
-        related="Qwen `max_frames` (the sampling cap: `videos_kwargs`)",
+        related="Qwen `max_frames` (the sampling cap: `video_config`)",
     )
     max_video_tokens: int | None = _knob(
         None,
@@ -428,12 +430,13 @@ class LayoutKnobs:
         "the model's own",
     )
 
-    videos_kwargs: dict | None = _knob(  # noqa: RUF009 (a field(), default None)
+    video_config: dict | None = _knob(  # noqa: RUF009 (a field(), default None)
         None,
-        effect="the video processor's sampling and size settings (`fps`, `num_frames`, "
-        "`min_frames`, `max_frames`, `min_pixels`, `max_pixels`, ...) over its own (with "
-        "processor=) or Qwen2-VL's with `fps=2.0` (built-in layout)",
-        related="transformers `videos_kwargs`; qwen-vl-utils samples at fps 2",
+        effect="the video processor's own settings, as its `video_preprocessor_config.json` "
+        "holds them (`fps`, `num_frames`, `min_frames`, `max_frames`, `min_pixels`, "
+        "`max_pixels`, ...), over the processor's (processor=) or Qwen2-VL's with `fps=2.0` "
+        "(built-in layout)",
+        related="`video_preprocessor_config.json`; qwen-vl-utils samples at fps 2",
     )
     tokens_per_second: float = _knob(
         DEFAULT_TOKENS_PER_SECOND,
@@ -455,17 +458,17 @@ class LayoutKnobs:
             not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs)
         ):
             raise ValueError(f"chat_template_kwargs must be a dict of str keys, got {kwargs!r}")
-        videos = self.videos_kwargs
-        if videos is not None:
-            unknown = sorted(set(videos) - set(VIDEO_KWARGS)) if isinstance(videos, Mapping) else 0
-            if unknown != []:
-                raise ValueError(
-                    f"videos_kwargs must be a dict with keys among {', '.join(VIDEO_KWARGS)}; "
-                    f"got {videos!r}"
-                )
+        _check_video_config(self.video_config)
         tps = self.tokens_per_second
-        if isinstance(tps, bool) or not isinstance(tps, numbers.Real) or not tps > 0:
-            raise ValueError(f"tokens_per_second must be a positive number, got {tps!r}")
+        if (
+            isinstance(tps, bool)
+            or not isinstance(tps, numbers.Real)
+            or not 0 < tps <= MAX_TOKENS_PER_SECOND
+        ):
+            raise ValueError(
+                f"tokens_per_second must be a number > 0 and <= {MAX_TOKENS_PER_SECOND} (your "
+                f"model's vision_config.tokens_per_second), got {tps!r}"
+            )
         _ = self.vision  # validates min_pixels <= max_pixels
 
     @property
@@ -474,6 +477,44 @@ class LayoutKnobs:
             min_pixels=DEFAULT_MIN_PIXELS if self.min_pixels is None else self.min_pixels,
             max_pixels=DEFAULT_MAX_PIXELS if self.max_pixels is None else self.max_pixels,
         )
+
+
+def _check_video_config(config: Any) -> None:
+    """``video_config``: a dict of the Qwen video processors' settings, each of its type."""
+    if config is None:
+        return
+    if not isinstance(config, Mapping) or set(config) - set(VIDEO_CONFIG_KEYS):
+        raise ValueError(
+            f"video_config must be a dict with keys among {', '.join(VIDEO_CONFIG_KEYS)}; got "
+            f"{config!r}"
+        )
+    for name in ("do_sample_frames", "cap_pixels_per_frame"):
+        if name in config:
+            _flag(f"video_config[{name!r}]", config[name])
+    for name in ("num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels"):
+        if name in config:
+            _integer(f"video_config[{name!r}]", config[name], minimum=1, optional=True)
+    if "max_video_tokens" in config:
+        _integer("video_config['max_video_tokens']", config["max_video_tokens"], minimum=1)
+    fps = config.get("fps")
+    if fps is not None and (
+        isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < 1e4
+    ):
+        raise ValueError(f"video_config['fps'] must be a number > 0 or None, got {fps!r}")
+    size = config.get("size")
+    if size is not None and not (
+        isinstance(size, Mapping)
+        and set(size) <= {"shortest_edge", "longest_edge"}
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size.values())
+    ):
+        raise ValueError(
+            f"video_config['size'] must be {{'shortest_edge': int, 'longest_edge': int}} (pixel "
+            f"bounds), got {size!r}"
+        )
+    low = config.get("min_pixels") or (size or {}).get("shortest_edge")
+    high = config.get("max_pixels") or (size or {}).get("longest_edge")
+    if low and high and low > high:
+        raise ValueError(f"video_config: min_pixels {low} exceeds max_pixels {high}")
 
 
 #: section attribute of :class:`PackingConfig` -> its class

@@ -281,7 +281,7 @@ def observe_video(**knobs):
     te = PackingTaskEncoder(
         max_input_seq_length=8192,
         processor=build("qwen2_5_vl")[0],
-        **{"videos_kwargs": {"do_sample_frames": True, "fps": 2.0}, **knobs},
+        **{"video_config": {"do_sample_frames": True, "fps": 2.0}, **knobs},
     )
     sample = ConversationSample(
         __key__="v",
@@ -342,7 +342,7 @@ KNOB_CASES = {
     "shard_check": ({}, {"shard_check": "size"}, observe_touched_restore),
     "max_video_frames": ({}, {"max_video_frames": 4}, observe_video),
     "max_video_tokens": ({}, {"max_video_tokens": 64}, observe_video),
-    "videos_kwargs": ({}, {"videos_kwargs": {"do_sample_frames": True, "fps": 1.0}}, observe_video),
+    "video_config": ({}, {"video_config": {"do_sample_frames": True, "fps": 1.0}}, observe_video),
     "tokens_per_second": ({}, {"tokens_per_second": 4}, observe_video),
 }
 

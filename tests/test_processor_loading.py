@@ -238,3 +238,33 @@ def test_a_directory_s_video_settings_and_model_time_scale_are_kept(tmp_path):
     rule = te.chat.videos.rule
     assert (rule.sample, rule.fps, rule.max_frames) == (True, 1.0, 64)
     assert te.chat.mrope.tokens_per_second == 4
+
+
+@pytest.mark.parametrize("layout", ["nested", "video_file", "published"])
+def test_video_settings_are_found_where_transformers_looks(tmp_path, layout):
+    """transformers 5 reads a video processor's settings from ``processor_config.json``'s
+    ``video_processor`` entry (what its save_pretrained writes), else
+    ``video_preprocessor_config.json``, else ``preprocessor_config.json`` (published Qwen2-VL
+    and Qwen2.5-VL folders have only that one: the image bounds size the frames too)."""
+    processor, _, _ = build("qwen2_5_vl", model=False)
+    save_published(processor, tmp_path)
+    video = {
+        "do_sample_frames": True,
+        "fps": 1.0,
+        "size": {"shortest_edge": 4096, "longest_edge": 65536},
+    }
+    if layout == "nested":
+        own = json.loads((tmp_path / "processor_config.json").read_text())
+        (tmp_path / "processor_config.json").write_text(
+            json.dumps({**own, "video_processor": video})
+        )
+    elif layout == "video_file":
+        (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=str(tmp_path))
+    rule = te.chat.videos.rule
+    if layout == "published":
+        image = processor.image_processor.size
+        assert (rule.min_pixels, rule.max_pixels) == (image["shortest_edge"], image["longest_edge"])
+        assert (rule.sample, rule.fps) == (False, None)  # Qwen2-VL's class defaults
+    else:
+        assert (rule.sample, rule.fps, rule.min_pixels, rule.max_pixels) == (True, 1.0, 4096, 65536)

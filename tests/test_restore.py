@@ -39,7 +39,7 @@ def changed_value(knob, value):
         return next(c for c in knob.choices if c != value)
     if knob.restore == MAY_RAISE:  # lowering may refuse a conversation waiting in the buffer
         return 3 if value is None else value - 1  # None: no limit (max_video_tokens)
-    if knob.name == "videos_kwargs":
+    if knob.name == "video_config":
         return {"fps": 1.0}
     if isinstance(value, bool):
         return not value
@@ -226,3 +226,29 @@ def test_a_balanced_state_saved_in_attention_units_restores_to_the_same_packs():
     restored = _loader(PackingTaskEncoder(**knobs))
     restored.restore_state_rank(state)
     assert [b["source_ids"] for b in itertools.islice(iter(restored), 4)] == expected
+
+
+def test_a_changed_video_rule_refuses_the_restore():
+    """The effective video rule is saved beside the knobs: a processor whose own video
+    settings differ (a directory's, not a knob) refuses the restore; a state an older release
+    saved without the rule restores."""
+    from energon_packing.loader.energon import compare_settings
+    from energon_packing.loader.task_encoder import RESTORE_RULES
+    from energon_packing.testing.families import build
+
+    def saved_by(processor):
+        te = PackingTaskEncoder(processor=processor, max_input_seq_length=1024)
+        return settings(te)
+
+    first = saved_by(build("qwen2_vl", model=False)[0])
+    other = build("qwen2_vl", model=False)[0]
+    other.video_settings = {"do_sample_frames": True, "fps": 1.0}
+    changed = saved_by(other)
+    assert first["chat_fingerprint"] == changed["chat_fingerprint"]
+    with pytest.raises(
+        RestoreMismatchError,
+        match=r"saved with video_rule=.VideoRule\(family='qwen2_vl', sample=False",
+    ):
+        compare_settings(first, changed, RESTORE_RULES)
+    older = {k: v for k, v in first.items() if k != "video_rule"}
+    compare_settings(older, changed, RESTORE_RULES)

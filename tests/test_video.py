@@ -286,3 +286,55 @@ def test_a_videos_tokens_in_the_text_are_the_real_processors(family, conversatio
     if images := result["n_image_tokens"]:
         text = text.replace("<|image_pad|>", "<|image_pad|>" * images)
     assert text == result["expanded_text"]
+
+
+def test_a_text_that_names_files_is_not_opened_as_a_video(tmp_path, monkeypatch):
+    """FFmpeg would read an ffconcat text as a container and open the clip it names (here one
+    that exists in the working directory): only video demuxers read a part."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "clip.mov").write_bytes((DATA / "h264_120x80_30fps_1s.mov").read_bytes())
+    with pytest.raises(VideoError) as info:
+        probe(b"ffconcat version 1.0\nfile clip.mov\n")
+    assert info.value.reason == "video_unreadable"
+
+
+def test_frames_of_another_size_than_the_header_are_refused_before_they_are_converted():
+    data = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
+    assert decode(data, [0, 5], size=(48, 36)).shape == (2, 36, 48, 3)
+    with pytest.raises(VideoError, match="frame 0 is 48x36, the stream's frames are 4000x36"):
+        decode(data, [0, 5], size=(4000, 36))
+
+
+def test_without_pyav_a_video_is_an_unsupported_video_skip(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
+    with pytest.raises(VideoError, match=r"pip install 'energon-packing\[video\]'") as info:
+        probe((DATA / "h264_48x36_10fps_2s.mp4").read_bytes())
+    assert info.value.reason == "unsupported_video"
+
+
+@pytest.mark.parametrize("tokens_per_second", [2, 3, 25])
+def test_qwen2_5_time_intervals_are_the_models_float32_product(tokens_per_second):
+    """The model multiplies ``tokens_per_second`` by the float32 ``second_per_grid_ts``: a
+    float64 product truncates otherwise (2/3 s at 25 tokens per second: 16 vs 16.666...)."""
+    from energon_packing.media.video import VideoHeader, VideoPlan
+
+    header = VideoHeader(frames=1200, fps=30.0, width=64, height=64)
+    plan = VideoPlan(
+        family="qwen2_5_vl",
+        header=header,
+        indices=(0,),
+        grid=(60, 4, 4),
+        merge_size=2,
+        second_per_grid=2 / 3,
+    )
+    (interval,) = plan.time_intervals(tokens_per_second)
+    product = np.float32(tokens_per_second) * np.float32(2 / 3)
+    assert interval == float(product)
+    temporal = (np.arange(60, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+    # Qwen2_5_VLModel.get_rope_index: tokens_per_second * second_per_grid_ts[i] (float32),
+    # then get_vision_position_ids: (arange(t) * time_interval).long()
+    time_interval = tokens_per_second * torch.tensor([2 / 3], dtype=torch.float32)[0]
+    torch_way = (torch.arange(60) * time_interval).long()
+    assert temporal.tolist() == torch_way.tolist()

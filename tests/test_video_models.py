@@ -66,7 +66,7 @@ def test_a_video_pack_gives_each_conversations_own_logits(family):
         processor=processor,
         max_input_seq_length=CAPACITY,
         pad_multiple=PAD_MULTIPLE,
-        videos_kwargs=PROCESSED["families"][family]["processor_kwargs"],
+        video_config=PROCESSED["families"][family]["processor_kwargs"],
         **knobs,
     )
     pack = te.pack_selected_samples([te.encode_sample(sample(name)) for name in NAMES]).pack

@@ -76,7 +76,7 @@ def encoder(family: str, **knobs) -> PackingTaskEncoder:
     return PackingTaskEncoder(
         processor=build(family)[0],
         max_input_seq_length=4096,
-        videos_kwargs=setup["processor_kwargs"],
+        video_config=setup["processor_kwargs"],
         **(
             {"tokens_per_second": setup["model_config"]["tokens_per_second"]}
             if family == "qwen2_5_vl"
@@ -279,3 +279,24 @@ def test_a_frame_over_max_image_pixels_is_refused_from_the_header():
     with pytest.raises(SkipSample):
         te.encode_sample(sample("video_then_text"))
     assert te.stats.skipped == {"video_too_large": 1}
+
+
+def test_video_placeholder_text_in_a_document_without_videos_is_text():
+    """``<video>`` is a placeholder only where the document lists videos: an HTML question in
+    a text-only conversation is tokenized as the text it is, exactly as before videos."""
+    from helpers import conversation_sample
+
+    question = "How do I embed a clip with the <video> tag?"
+    document = {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": "Use <video src='a.mp4' controls>."},
+        ]
+    }
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=1024)
+    encoded = te.encode_sample(conversation_sample("html", document))
+    text = te.chat.tokenizer.decode(encoded.input_ids.tolist())
+    assert question in text and not te.stats.skipped
+    plain = te.chat.tokenizer.encode(question)
+    ids = encoded.input_ids.tolist()
+    assert any(ids[i : i + len(plain)] == plain for i in range(len(ids)))  # one piece of text

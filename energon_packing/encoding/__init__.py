@@ -43,7 +43,7 @@ def make_chat(
     that takes videos (the task encoder passes ``energon_packing.media.video``'s; this room
     never imports torch): the built-in layout follows Qwen2-VL's rules
     (:data:`BUILTIN_VIDEO_SETTINGS`), a processor its own video processor's settings; both
-    under ``videos_kwargs``.
+    under ``video_config``.
     """
     if processor is not None and tokenizer is not None:
         raise ValueError(
@@ -68,7 +68,7 @@ def make_chat(
                 "merge_size": vision.merge_size,
                 "temporal_patch_size": vision.temporal_patch_size,
             }
-            chat.videos = videos(chat.video_family, settings, overrides=config.videos_kwargs)
+            chat.videos = videos(chat.video_family, settings, overrides=config.video_config)
         return chat
     from energon_packing.config import knob
     from energon_packing.encoding.processor import ProcessorChat
@@ -97,7 +97,7 @@ def make_chat(
             f"model's; set tokens_per_second={model}"
         )
     if videos is not None and chat.video_family is not None:
-        overrides = getattr(config, "videos_kwargs", None)
+        overrides = getattr(config, "video_config", None)
         chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)
     if mrope and chat.mrope is None:
         raise ValueError(

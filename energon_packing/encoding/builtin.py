@@ -54,6 +54,8 @@ class Encoding:
     grids: list[tuple[int, int, int]] = field(default_factory=list)
     #: indices into the document's ``videos`` list, in order of appearance
     video_order: list[int] = field(default_factory=list)
+    #: each video's plan from its header (:class:`~.chat.VideoCosting`), in the same order
+    video_plans: list = field(default_factory=list)
     #: tokens removed by ``overlong="truncate"``
     truncated: int = 0
 
@@ -142,6 +144,7 @@ def encode(
         image_order=c.refs.order,
         grids=grids,
         video_order=c.videos.order,
+        video_plans=plans,
     )
     return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
 
@@ -231,6 +234,7 @@ class BuiltinChat:
         images: Sequence[bytes],
         config: PackingConfig,
         videos: Sequence[bytes] = (),
+        video_plans: Sequence[Any] = (),
         **_: Any,
     ) -> Source:
         """Decodes the conversation's images and videos and checks its tokens against them.
@@ -250,8 +254,8 @@ class BuiltinChat:
             for data in images
         ]
         grids = [grid for _, grid in decoded]
-        plans = [self.videos.plan(data) for data in videos] if videos else []
-        clips = [self.videos.media(data) for data in videos] if videos else []
+        plans = list(video_plans) or [self.videos.plan(data) for data in videos]
+        clips = [self.videos.media(data, plan) for data, plan in zip(videos, plans)]
         special, ids = self.tokenizer.special, np.asarray(input_ids)
         starts = int((ids == special.vision_start).sum())
         pads = int((ids == special.image_pad).sum())

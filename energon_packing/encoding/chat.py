@@ -59,6 +59,7 @@ IMAGE, VIDEO = "image", "video"
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 _PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+_IMAGE_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -187,7 +188,11 @@ def parse_turns(
     budget = limits.max_text_chars if limits is not None else None
     videos = videos if videos is not None else MediaRefs([], kind=VIDEO)
     refs = {IMAGE: images, VIDEO: videos}
-    placeholders = {IMAGE_PLACEHOLDER: images, VIDEO_PLACEHOLDER: videos}
+    placeholders = {IMAGE_PLACEHOLDER: images}
+    split = _IMAGE_PLACEHOLDER.split
+    if videos.names:  # "<video>" in a document without videos is text (an HTML question)
+        placeholders[VIDEO_PLACEHOLDER] = videos
+        split = _PLACEHOLDERS.split
     chars = 0
     turns = []
     for m, message in enumerate(messages):
@@ -201,7 +206,7 @@ def parse_turns(
         pieces: list[str | Media] = []
         if isinstance(content, str):
             chars = _count(chars + len(content), budget, m)  # before split copies anything
-            for text in _PLACEHOLDERS.split(content):
+            for text in split(content):
                 if text in placeholders:
                     pieces.append(placeholders[text].take(None))
                 elif text:  # "<image>\nWhat?" is [image, "\nWhat?"], as a parts list writes it
@@ -455,6 +460,9 @@ class ChatLayout(Protocol):
     """
 
     family_name: str
+    #: the layout's tokenizer (a ChatTokenizer on the built-in layout, the processor's on the
+    #: processor path)
+    tokenizer: Any
     pad_id: int
     image_token_id: int | None
     mrope: Any  # the MRope spec, or None for 1-row positions

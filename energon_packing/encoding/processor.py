@@ -89,6 +89,8 @@ class ProcessorEncoding:
     token_mask: list[float]
     image_order: list[int] = field(default_factory=list)
     video_order: list[int] = field(default_factory=list)
+    #: each video's plan from its header, in the same order
+    video_plans: list = field(default_factory=list)
     truncated: int = 0
 
     @property
@@ -218,11 +220,6 @@ class ProcessorChat:
                 "special": sorted(tokenizer.all_special_ids),
                 "pad": self.pad_id,
             }
-            settings = self.video_settings  # the processor's own (videos_kwargs is a knob)
-            if settings is not None:  # absent otherwise: image-only fingerprints stay as they were
-                parts["video_settings"] = (
-                    dict(settings) if isinstance(settings, Mapping) else settings.to_dict()
-                )
             blob = json.dumps(parts, sort_keys=True, default=str)
             self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         return self._fingerprint
@@ -340,7 +337,11 @@ class ProcessorChat:
         if mask:
             mask[0] = 0.0  # no source predicts across a pack boundary
         encoding = ProcessorEncoding(
-            input_ids=ids, token_mask=mask, image_order=refs.order, video_order=c.videos.order
+            input_ids=ids,
+            token_mask=mask,
+            image_order=refs.order,
+            video_order=c.videos.order,
+            video_plans=plans,
         )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
@@ -438,7 +439,7 @@ class ProcessorChat:
         for n, item in enumerate(items):
             if item.get("videos") and not isinstance(media[n], Exception):
                 try:
-                    plans[n], clips = self._videos(item["key"], item["videos"], item["input_ids"])
+                    plans[n], clips = self._videos(item)
                     media[n] = {**media[n], **clips}
                 except Exception as e:  # Skip or a mismatch: it alone
                     media[n] = e
@@ -459,12 +460,13 @@ class ProcessorChat:
                 out.append(e)
         return out
 
-    def _videos(self, key: str, videos: Sequence[bytes], input_ids: Any) -> tuple[list, dict]:
-        """The plans and model inputs of one conversation's videos, decoded now; the ids must
-        hold as many video tokens as the plans expand to."""
-        plans = [self.videos.plan(data) for data in videos]
-        clips = [self.videos.media(data) for data in videos]
-        held = int(np.count_nonzero(np.asarray(input_ids) == self.video_token_id))
+    def _videos(self, item: Mapping[str, Any]) -> tuple[list, dict]:
+        """The plans (made at encode time, else now) and model inputs of one conversation's
+        videos, decoded now; the ids must hold as many video tokens as the plans expand to."""
+        key, videos = item["key"], item["videos"]
+        plans = list(item.get("video_plans") or [self.videos.plan(data) for data in videos])
+        clips = [self.videos.media(data, plan) for data, plan in zip(videos, plans)]
+        held = int(np.count_nonzero(np.asarray(item["input_ids"]) == self.video_token_id))
         need = sum(plan.tokens for plan in plans)
         if held != need:
             raise ProcessorMismatchError(

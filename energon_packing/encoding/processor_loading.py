@@ -23,7 +23,7 @@ from typing import Any
 
 from energon_packing.errors import describe
 
-__all__ = ["image_only", "load_processor"]
+__all__ = ["image_only", "load_processor", "video_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def load_processor(path: str | Path) -> Any:
                 f"{path}: {class_name} (image-only: torchvision is not installed) does not "
                 f"load: {_cause(e)}. Fix the directory; {_TEXT}"
             ) from e
-        video = path / VIDEO_FILES[0]
-        if video.is_file():  # its settings still decide how videos are sampled and sized
-            processor.video_settings = json.loads(video.read_text())
+        settings = video_settings(path)
+        if settings is not None:  # they still decide how videos are sampled and sized
+            processor.video_settings = settings
         return _with_model_settings(processor, path)
     try:
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
@@ -159,6 +159,29 @@ def load_processor(path: str | Path) -> Any:
             f"{type(processor).__name__}, not a processor with an image processor; {_TEXT}"
         )
     return _with_model_settings(processor, path)
+
+
+def video_settings(path: Path | str) -> dict | None:
+    """A model directory's video processor settings, found where transformers 5 looks:
+    ``processor_config.json``'s ``video_processor`` entry (what ``save_pretrained`` writes),
+    then ``video_preprocessor_config.json``, then ``preprocessor_config.json`` (published
+    Qwen2-VL and Qwen2.5-VL checkpoints: the video processor takes the image processor's
+    settings, its pixel bounds included)."""
+    path = Path(path)
+    for name, entry in (
+        ("processor_config.json", "video_processor"),
+        (VIDEO_FILES[0], None),
+        ("preprocessor_config.json", None),
+    ):
+        try:
+            found = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if entry is not None:
+            found = found.get(entry) if isinstance(found, dict) else None
+        if isinstance(found, dict):
+            return found
+    return None
 
 
 def _with_model_settings(processor: Any, path: Path) -> Any:

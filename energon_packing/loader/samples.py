@@ -96,6 +96,8 @@ class EncodedConversation(Sample):
     length: int  # real tokens
     cost: int  # length padded to pad_multiple: what the packer packs
     videos: list = dataclasses.field(default_factory=list)  # compressed bytes, in order
+    #: each video's plan from its header (frames, grid, tokens), so it is not read again
+    video_plans: list = dataclasses.field(default_factory=list)
 
 
 @edataclass

@@ -241,6 +241,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             token_mask=np.asarray(encoding.token_mask, dtype=np.float32),
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
             videos=[sample.videos[sample.video_names[i]] for i in encoding.video_order],
+            video_plans=encoding.video_plans,
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
         )
@@ -324,6 +325,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             **self.config.settings(),
             "mrope": self.mrope,  # the effective one (None: the family's own)
             "chat_fingerprint": self.chat.fingerprint,
+            # the effective video rule (processor settings and video_config); not in the
+            # fingerprint, which stays as older releases saved it
+            "video_rule": repr(self.chat.videos.rule) if self.chat.videos is not None else None,
             "packing_buffer_size": packing_buffer_size,
             "num_workers": worker_config.num_workers,
             "world_size": worker_config.world_size,
@@ -459,6 +463,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 "token_mask": s.token_mask,
                 "images": s.images,
                 "videos": s.videos,
+                "video_plans": s.video_plans,
             }
             for s in samples
         ]

@@ -72,16 +72,34 @@ class VideoHeader:
     counted: bool = False
 
 
+#: The demuxers a video part may be read with: MP4 / QuickTime, Matroska / WebM, AVI (the
+#: containers of VIDEO_SUFFIXES). Others are refused before they read anything: FFmpeg would
+#: otherwise take an ffconcat or playlist text as a "video" and open the files it names.
+DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
+
+
+def _open(data: bytes) -> Any:
+    """``data`` opened by PyAV with one of :data:`DEMUXERS`, or :class:`VideoError`
+    ``unsupported_video`` when PyAV (the ``[video]`` extra) is not installed."""
+    try:
+        import av
+    except ImportError:
+        raise VideoError(
+            "unsupported_video",
+            "PyAV is not installed: pip install 'energon-packing[video]' (the av package)",
+        ) from None
+    return av.open(io.BytesIO(data), options={"format_whitelist": DEMUXERS})
+
+
 def probe(data: bytes) -> VideoHeader:
     """The header of the first video stream of ``data`` (no frame is decoded).
 
     Raises:
-        VideoError: ``video_unreadable`` (not a container PyAV opens), ``video_no_stream``.
+        VideoError: ``video_unreadable`` (not a container PyAV opens with one of
+            :data:`DEMUXERS`), ``video_no_stream``.
     """
-    import av
-
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with _open(data) as container:
             if not container.streams.video:
                 raise VideoError("video_no_stream", "the container holds no video stream")
             stream = container.streams.video[0]
@@ -103,37 +121,56 @@ def probe(data: bytes) -> VideoHeader:
         raise VideoError("video_unreadable", f"{type(e).__name__}: {e}") from None
 
 
-def decode(data: bytes, indices: Sequence[int]) -> np.ndarray:
+def decode(
+    data: bytes, indices: Sequence[int], *, size: tuple[int, int] | None = None
+) -> np.ndarray:
     """The distinct frames of ``indices`` of the first video stream, uint8 ``[T, H, W, 3]``
     RGB, decoded as transformers' pyav loader does (the i-th frame the decoder yields, each
     once, in order).
 
-    Raises:
-        VideoError: ``video_corrupt`` when the stream ends before the last index.
-    """
-    import av
+    Args:
+        size: ``(width, height)`` every frame must have (the header's); default: the first
+            decoded frame's. Checked before a frame is converted, so a stream whose frames
+            outgrow its header costs no more memory than the header promised.
 
+    Raises:
+        VideoError: ``video_corrupt`` when the stream ends before the last index or a frame
+            has another size.
+    """
     wanted = sorted(set(int(i) for i in indices))  # a frame sampled twice decodes once
     if not wanted:
         raise VideoError("video_empty", "no frame sampled")
-    last = wanted[-1]
-    frames = {}
+    slot = {index: n for n, index in enumerate(wanted)}
+    last, out, found = wanted[-1], None, 0
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with _open(data) as container:
             for i, frame in enumerate(container.decode(video=0)):
                 if i > last:
                     break
-                if i in wanted:
-                    frames[i] = frame.to_ndarray(format="rgb24")
+                if i not in slot:
+                    continue
+                width, height = size = size or (frame.width, frame.height)
+                if (frame.width, frame.height) != size:
+                    raise VideoError(
+                        "video_corrupt",
+                        f"frame {i} is {frame.width}x{frame.height}, the stream's frames are "
+                        f"{width}x{height} (a size change mid-stream)",
+                    )
+                if out is None:  # one array, filled in place: no second copy of the frames
+                    out = np.empty((len(wanted), height, width, 3), dtype=np.uint8)
+                out[slot[i]] = frame.to_ndarray(format="rgb24")
+                found += 1
+    except VideoError:
+        raise
     except Exception as e:
         raise VideoError("video_corrupt", f"decoding failed: {type(e).__name__}: {e}") from None
-    if len(frames) < len(wanted):
+    if found < len(wanted):
         raise VideoError(
             "video_corrupt",
-            f"the stream decoded {len(frames)} of the {len(wanted)} sampled frames (up to frame "
+            f"the stream decoded {found} of the {len(wanted)} sampled frames (up to frame "
             f"{last}); the header promised more",
         )
-    return np.stack([frames[i] for i in wanted])
+    return out
 
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
@@ -231,7 +268,7 @@ class VideoRule:
     ) -> VideoRule:
         """The family's defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
-        ``overrides`` (``videos_kwargs``, the same names)."""
+        ``overrides`` (``video_config``, the same names)."""
         if family not in FAMILIES:
             raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
         values = dict(_DEFAULTS[family])
@@ -457,8 +494,8 @@ class VideoPlan:
     def time_intervals(self, tokens_per_second: float | None) -> list[float]:
         """The temporal position step of each of :meth:`rope_grids`: Qwen2.5-VL's
         ``tokens_per_second * second_per_grid_ts``; 1 for the other families."""
-        if self.family == "qwen2_5_vl":
-            return [float(tokens_per_second) * self.second_per_grid]
+        if self.family == "qwen2_5_vl":  # in float32, as the model multiplies them
+            return [float(np.float32(tokens_per_second) * np.float32(self.second_per_grid))]
         return [1.0] * len(self.rope_grids())
 
 
@@ -518,26 +555,27 @@ class VideoSide:
                 f"{header.width}x{header.height}, {header.frames} frames ({seconds}): "
                 f"{self.rule.family}'s sampling takes {plan.frames} frames, more than "
                 f"max_video_frames={self.max_frames}; nothing was decoded (raise "
-                f"max_video_frames, or sample fewer: videos_kwargs fps / max_frames)",
+                f"max_video_frames, or sample fewer: video_config fps / max_frames)",
             )
         if self.max_tokens is not None and plan.tokens > self.max_tokens:
             raise VideoError(
                 "video_too_large",
                 f"{header.width}x{header.height}, {plan.frames} sampled frames: grid "
                 f"{plan.grid} is {plan.tokens} tokens, more than max_video_tokens="
-                f"{self.max_tokens} (raise it, or lower videos_kwargs max_pixels / fps)",
+                f"{self.max_tokens} (raise it, or lower video_config max_pixels / fps)",
             )
         return plan
 
-    def media(self, data: bytes) -> dict[str, np.ndarray]:
+    def media(self, data: bytes, plan: VideoPlan | None = None) -> dict[str, np.ndarray]:
         """The video's model inputs (``pixel_values_videos``, ``video_grid_thw``,
-        Qwen2.5-VL's ``second_per_grid_ts``), decoded now and checked against its plan.
+        Qwen2.5-VL's ``second_per_grid_ts``), decoded now and checked against its plan
+        (``plan``: the one made when the conversation was encoded; else made again).
 
         Raises:
             VideoError: the video does not decode, or decodes otherwise than its header says.
         """
-        plan = self.plan(data)
-        frames = decode(data, plan.indices)
+        plan = plan if plan is not None else self.plan(data)
+        frames = decode(data, plan.indices, size=(plan.header.width, plan.header.height))
         pixels, grid = process(frames, self.rule)
         if grid != plan.grid:
             raise VideoError(

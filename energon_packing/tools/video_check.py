@@ -5,7 +5,7 @@ The shard scan (:func:`energon_packing.loader.shards.scan_dataset`) reads tar he
 This pass reads each video part's bytes and its container header as the loader will
 (:func:`energon_packing.media.video.probe`: the stream, its rate and size, the packets that
 decode; no frame is decoded), so a clip the loader would skip (``video_unreadable``,
-``video_no_stream``, ``video_empty``) is named with its shard, offset and key before a run
+``video_no_stream``, ``video_empty``, ``unsupported_video`` without PyAV) is named with its shard, offset and key before a run
 starts. Each one costs its conversation only: the loader skips it and counts the reason.
 """
 
@@ -66,7 +66,8 @@ def scan_videos(
                     scan.videos += 1
                     scan.bytes += len(data)
                     try:
-                        probe(data)
+                        if not probe(data).frames:
+                            raise Skip("video_empty", "the video stream holds no frame")
                     except Skip as e:
                         scan.findings.append(
                             Finding(
