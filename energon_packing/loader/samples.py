@@ -232,51 +232,34 @@ def _implied_images(messages: list, parts: dict[str, bytes], llava_image: Any) -
     """The ``images`` list a document without one implies: the image parts its content names
     (in order), LLaVA's ``image`` field, or the sample's only image part when the content
     refers to one image without naming it (one ``<image>``)."""
-    named: list[str] = []
-    unnamed = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            unnamed += content.count("<image>")
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "image":
-                    name = part.get("image")
-                    if isinstance(name, str) and name not in named:
-                        named.append(name)
-                    elif name is None:
-                        unnamed += 1
-    if named:
-        return named
-    if isinstance(llava_image, str) and llava_image in parts:
-        return [llava_image]
-    if unnamed == 1 and len(parts) == 1:
-        return list(parts)
-    return []
+    return _implied(messages, parts, llava_image, kind="image")
 
 
 def _implied_videos(messages: list, parts: dict[str, bytes], llava_video: Any) -> list[str]:
-    """The ``videos`` list a document without one implies: the video parts its content names
-    (in order), LLaVA-Video's ``video`` field (its part name), or the sample's only video part
-    when the content refers to one video without naming it (one ``<video>``)."""
+    """The ``videos`` list a document without one implies, as :func:`_implied_images` does
+    for images (LLaVA-Video's ``video`` field names its part; one ``<video>``)."""
+    return _implied(messages, parts, llava_video, kind="video")
+
+
+def _implied(messages: list, parts: dict[str, bytes], field: Any, *, kind: str) -> list[str]:
     named: list[str] = []
     unnamed = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
-            unnamed += content.count("<video>")
+            unnamed += content.count(f"<{kind}>")
         elif isinstance(content, list):
             for part in content:
-                if isinstance(part, dict) and part.get("type") == "video":
-                    name = part.get("video")
+                if isinstance(part, dict) and part.get("type") == kind:
+                    name = part.get(kind)
                     if isinstance(name, str) and name not in named:
                         named.append(name)
                     elif name is None:
                         unnamed += 1
     if named:
         return named
-    if isinstance(llava_video, str) and llava_video in parts:
-        return [llava_video]
+    if isinstance(field, str) and field in parts:
+        return [field]
     if unnamed == 1 and len(parts) == 1:
         return list(parts)
     return []
