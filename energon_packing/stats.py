@@ -77,7 +77,7 @@ REASONS = {
     "video_no_fps": "sampling by fps, but the stream declares no frame rate",
     "video_too_short": "fewer frames than the family's sampling needs (e.g. under one temporal patch)",
     "video_aspect_ratio": "frames with an aspect ratio above 200",
-    "video_too_large": "a video whose sampling takes more than max_video_frames frames, expands past max_video_tokens, or has frames over max_image_pixels (from its header, nothing decoded)",
+    "video_too_large": "a video whose sampling takes more than max_video_frames frames, expands past max_video_tokens, or has frames over max_image_pixels (from its header before any decode; a frame that outgrows its header, before it is converted)",
     "video_corrupt": "a video whose sampled frames do not decode, or decode otherwise than its header says",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",

@@ -298,11 +298,13 @@ def test_a_text_that_names_files_is_not_opened_as_a_video(tmp_path, monkeypatch)
     assert info.value.reason == "video_unreadable"
 
 
-def test_frames_of_another_size_than_the_header_are_refused_before_they_are_converted():
+def test_a_frame_over_the_pixel_budget_is_refused_before_it_is_converted():
+    """Whatever the header said: each frame is checked before it becomes an array."""
     data = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
-    assert decode(data, [0, 5], size=(48, 36)).shape == (2, 36, 48, 3)
-    with pytest.raises(VideoError, match="frame 0 is 48x36, the stream's frames are 4000x36"):
-        decode(data, [0, 5], size=(4000, 36))
+    assert decode(data, [0, 5], max_pixels=48 * 36).shape == (2, 36, 48, 3)
+    with pytest.raises(VideoError, match="frame 0 is 48x36 = 1,728 pixels, more than") as info:
+        decode(data, [0, 5], max_pixels=48 * 36 - 1)
+    assert info.value.reason == "video_too_large"
 
 
 def test_without_pyav_a_video_is_an_unsupported_video_skip(monkeypatch):

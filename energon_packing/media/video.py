@@ -121,27 +121,25 @@ def probe(data: bytes) -> VideoHeader:
         raise VideoError("video_unreadable", f"{type(e).__name__}: {e}") from None
 
 
-def decode(
-    data: bytes, indices: Sequence[int], *, size: tuple[int, int] | None = None
-) -> np.ndarray:
+def decode(data: bytes, indices: Sequence[int], *, max_pixels: int | None = None) -> np.ndarray:
     """The distinct frames of ``indices`` of the first video stream, uint8 ``[T, H, W, 3]``
     RGB, decoded as transformers' pyav loader does (the i-th frame the decoder yields, each
     once, in order).
 
     Args:
-        size: ``(width, height)`` every frame must have (the header's); default: the first
-            decoded frame's. Checked before a frame is converted, so a stream whose frames
-            outgrow its header costs no more memory than the header promised.
+        max_pixels: Pixels a frame may have. Every frame is checked before it is converted
+            (against this, and against the first frame's size), so a stream whose frames
+            outgrow its header costs no more memory than the budget.
 
     Raises:
-        VideoError: ``video_corrupt`` when the stream ends before the last index or a frame
-            has another size.
+        VideoError: ``video_corrupt`` when the stream ends before the last index or its frames
+            change size; ``video_too_large`` for a frame over ``max_pixels``.
     """
     wanted = sorted(set(int(i) for i in indices))  # a frame sampled twice decodes once
     if not wanted:
         raise VideoError("video_empty", "no frame sampled")
     slot = {index: n for n, index in enumerate(wanted)}
-    last, out, found = wanted[-1], None, 0
+    last, out, found, size = wanted[-1], None, 0, None
     try:
         with _open(data) as container:
             for i, frame in enumerate(container.decode(video=0)):
@@ -149,6 +147,13 @@ def decode(
                     break
                 if i not in slot:
                     continue
+                if max_pixels is not None and frame.width * frame.height > max_pixels:
+                    raise VideoError(
+                        "video_too_large",
+                        f"frame {i} is {frame.width}x{frame.height} = "
+                        f"{frame.width * frame.height:,} pixels, more than max_image_pixels="
+                        f"{max_pixels:,} (its header said less)",
+                    )
                 width, height = size = size or (frame.width, frame.height)
                 if (frame.width, frame.height) != size:
                     raise VideoError(
@@ -575,7 +580,7 @@ class VideoSide:
             VideoError: the video does not decode, or decodes otherwise than its header says.
         """
         plan = plan if plan is not None else self.plan(data)
-        frames = decode(data, plan.indices, size=(plan.header.width, plan.header.height))
+        frames = decode(data, plan.indices, max_pixels=self.max_pixels)
         pixels, grid = process(frames, self.rule)
         if grid != plan.grid:
             raise VideoError(
