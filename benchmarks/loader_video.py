@@ -34,6 +34,8 @@ import time
 import warnings
 from pathlib import Path
 
+from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
+
 os.environ.setdefault("TQDM_DISABLE", "1")
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
@@ -88,23 +90,6 @@ def build(root: Path, count: int | None, *, seed: int) -> dict[str, Path]:
     return {"with videos": with_videos, "without videos": without}
 
 
-def _hwm(pid: int | str) -> float:
-    """A process's peak RSS (``VmHWM``) in MiB, 0 if it is gone."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _children() -> list[int]:
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in (task / "children").read_text().split())
-    return sorted(pids)
-
-
 def child(path: str, workers: int) -> None:
     """One epoch; prints one JSON line."""
     from energon_packing import PackingTaskEncoder
@@ -124,8 +109,8 @@ def child(path: str, workers: int) -> None:
     conversations = packs = clips = video_tokens = real = 0
     start = time.perf_counter()
     for batch in epoch(path, te, packing_buffer_size=BUFFER, num_workers=workers):
-        for pid in _children() if workers else ():
-            peaks[pid] = max(peaks.get(pid, 0.0), _hwm(pid))
+        for pid in children() if workers else ():
+            peaks[pid] = max(peaks.get(pid, 0.0), status_mib(pid, "VmHWM"))
         if is_empty(batch):
             continue
         packs += len(batch["source_ids"])
@@ -144,7 +129,7 @@ def child(path: str, workers: int) -> None:
                 real_tokens=real,
                 seconds=seconds,
                 conv_per_s=conversations / seconds,
-                main_mb=_hwm("self"),
+                main_mb=status_mib("self", "VmHWM"),
                 workers_mb=sum(peaks.values()),
                 processes=len(peaks),
             )

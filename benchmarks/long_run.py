@@ -19,7 +19,6 @@ within 1.3x. Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import math
@@ -31,6 +30,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
 
 WINDOW = 1000  # packs per measurement
 SHARDS = 5
@@ -64,26 +65,6 @@ def generate(out: Path, n: int, seed: int = 0) -> None:
                 info.size = len(doc)
                 tar.addfile(info, io.BytesIO(doc))
     prepare_dataset(out, split_parts=["train:shards/.*"], num_workers=2)
-
-
-def _status(pid: int | str, field: str) -> float:
-    """A ``/proc/<pid>/status`` field in MiB (0 if the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _children() -> list[int]:
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in (task / "children").read_text().split())
-    return sorted(pids)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -127,13 +108,13 @@ def child(path: str, workers: int, conversations: int, epochs: int) -> None:
         if packs % WINDOW:
             continue
         now_cpu, now_wall = time.process_time(), time.perf_counter()
-        pids = _children() if workers else []
+        pids = children() if workers else []
         cpu = {pid: _cpu_seconds(pid) for pid in pids}
         row = dict(
             packs=packs,
             epoch=landed / conversations,
-            main_rss=_status("self", "VmRSS"),
-            workers_rss=sum(_status(pid, "VmRSS") for pid in pids),
+            main_rss=status_mib("self", "VmRSS"),
+            workers_rss=sum(status_mib(pid, "VmRSS") for pid in pids),
             main_cpu=now_cpu - main_cpu,
             workers_cpu=sum(c - worker_cpu.get(pid, 0.0) for pid, c in cpu.items()),
             wall=now_wall - wall,

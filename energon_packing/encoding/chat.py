@@ -355,8 +355,6 @@ class VideoCosting(Protocol):
     """What a layout needs of videos (``energon_packing.media.video.VideoSide`` is one; the
     encoding room never imports it: torch and PyAV live there)."""
 
-    fields: tuple[str, ...]
-
     def plan(self, data: bytes) -> Any:
         """The video's plan from its header (``grid``, ``tokens``, ``expansion(...)``,
         ``rope_grids()``, ``time_intervals(...)``); :class:`Skip` if it cannot be used."""

@@ -195,10 +195,6 @@ class ImageSide:
             )
         return {n: np.asarray(processed[n]) for n in self.fields if n in processed}
 
-    def token_fields(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
-        """The token-aligned fields the processor derives from the ids (none for some)."""
-        return self.token_fields_of_pack([input_ids])[0]
-
     def token_fields_of_pack(self, ids: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
         """:meth:`token_fields` of each conversation of a pack. Where the processor's
         ``create_mm_token_type_ids`` is transformers' own token-by-token rule (``ProcessorMixin``'s:

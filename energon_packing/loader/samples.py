@@ -181,18 +181,8 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(messages, list):
         raise Skip("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
-    names = data.get("images")
-    if names is None:
-        names = _implied_images(messages, images, data.get("image"))
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise Skip("malformed_json", "'images' must be a list of part names")
-    _alias_normalized(names, images)
-    video_names = data.get("videos")
-    if video_names is None:
-        video_names = _implied_videos(messages, videos, data.get("video"))
-    if not isinstance(video_names, list) or not all(isinstance(n, str) for n in video_names):
-        raise Skip("malformed_json", "'videos' must be a list of part names")
-    _alias_normalized(video_names, videos)
+    names = _listed(data, messages, images, kind="image")
+    video_names = _listed(data, messages, videos, kind="video")
     return {
         "messages": messages,
         "image_names": names,
@@ -228,20 +218,23 @@ def _from_value(turns: list) -> list:
     return messages
 
 
-def _implied_images(messages: list, parts: dict[str, bytes], llava_image: Any) -> list[str]:
-    """The ``images`` list a document without one implies: the image parts its content names
-    (in order), LLaVA's ``image`` field, or the sample's only image part when the content
-    refers to one image without naming it (one ``<image>``)."""
-    return _implied(messages, parts, llava_image, kind="image")
-
-
-def _implied_videos(messages: list, parts: dict[str, bytes], llava_video: Any) -> list[str]:
-    """The ``videos`` list a document without one implies, as :func:`_implied_images` does
-    for images (LLaVA-Video's ``video`` field names its part; one ``<video>``)."""
-    return _implied(messages, parts, llava_video, kind="video")
+def _listed(data: dict, messages: list, parts: dict[str, bytes], *, kind: str) -> list[str]:
+    """The document's ``images`` (``videos``) list, or the one it implies (:func:`_implied`),
+    each name aliased to its part up to Unicode normalization."""
+    names = data.get(f"{kind}s")
+    if names is None:
+        names = _implied(messages, parts, data.get(kind), kind=kind)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Skip("malformed_json", f"'{kind}s' must be a list of part names")
+    _alias_normalized(names, parts)
+    return names
 
 
 def _implied(messages: list, parts: dict[str, bytes], field: Any, *, kind: str) -> list[str]:
+    """The ``images`` (``videos``) list a document without one implies: the parts of that
+    kind its content names (in order), LLaVA's ``image`` (LLaVA-Video's ``video``) field, or
+    the sample's only part of that kind when the content refers to one without naming it
+    (one ``<image>`` / ``<video>``)."""
     named: list[str] = []
     unnamed = 0
     for message in messages:

@@ -397,27 +397,35 @@ class VideoRule:
             )
         return _smart_resize(height, width, self.factor, self.min_pixels, max_pixels)
 
+    def plan(self, header: VideoHeader) -> VideoPlan:
+        """Everything the family's processor will make of the video, from its header alone
+        (the sampled indices worked out once; the rest follows from them)."""
+        indices = tuple(int(i) for i in self.indices(header))
+        frames = len(set(indices))  # each sampled frame decodes once
+        height, width = self.size(frames, header.height, header.width)
+        tps = self.temporal_patch_size
+        sampled = len(indices) / header.frames * header.fps if header.fps else 24
+        return VideoPlan(
+            family=self.family,
+            header=header,
+            indices=indices,
+            grid=(-(-frames // tps), height // self.patch_size, width // self.patch_size),
+            merge_size=self.merge_size,
+            timestamps=_timestamps(indices, header.fps, tps) if self.family == "qwen3_vl" else (),
+            second_per_grid=tps / sampled,
+        )
+
     def grid(self, header: VideoHeader) -> tuple[int, int, int]:
         """``video_grid_thw`` of the video, from its header alone."""
-        frames = len(np.unique(self.indices(header)))  # each sampled frame decodes once
-        height, width = self.size(frames, header.height, header.width)
-        t = -(-frames // self.temporal_patch_size)
-        return t, height // self.patch_size, width // self.patch_size
+        return self.plan(header).grid
 
     def tokens(self, header: VideoHeader) -> int:
         """Placeholder tokens the video expands to (before Qwen3's timestamps)."""
-        t, h, w = self.grid(header)
-        return t * h * w // (self.merge_size * self.merge_size)
+        return self.plan(header).tokens
 
-    def timestamps(self, header: VideoHeader) -> list[float]:
-        """Qwen3-VL's time of each temporal patch (its processor's ``_calculate_timestamps``):
-        the sampled indices, the last repeated to a whole patch, in seconds; each patch's
-        first and last frame averaged."""
-        indices = [int(i) for i in self.indices(header)]
-        tps = self.temporal_patch_size
-        indices += [indices[-1]] * (-len(indices) % tps)
-        seconds = [i / (header.fps or 24) for i in indices]
-        return [(seconds[i] + seconds[i + tps - 1]) / 2 for i in range(0, len(seconds), tps)]
+    def second_per_grid(self, header: VideoHeader) -> float:
+        """Qwen2.5-VL's ``second_per_grid_ts``: temporal patch / sampled fps."""
+        return self.plan(header).second_per_grid
 
     def expansion(
         self, header: VideoHeader, *, video_token: str, vision_start: str, vision_end: str
@@ -427,24 +435,14 @@ class VideoRule:
             video_token=video_token, vision_start=vision_start, vision_end=vision_end
         )
 
-    def plan(self, header: VideoHeader) -> VideoPlan:
-        """Everything the family's processor will make of the video, from its header alone."""
-        indices = tuple(int(i) for i in self.indices(header))
-        return VideoPlan(
-            family=self.family,
-            header=header,
-            indices=indices,
-            grid=self.grid(header),
-            merge_size=self.merge_size,
-            timestamps=tuple(self.timestamps(header)) if self.family == "qwen3_vl" else (),
-            second_per_grid=self.second_per_grid(header),
-        )
 
-    def second_per_grid(self, header: VideoHeader) -> float:
-        """Qwen2.5-VL's ``second_per_grid_ts``: temporal patch / sampled fps."""
-        total = header.frames
-        sampled = len(self.indices(header)) / total * header.fps if header.fps else 24
-        return self.temporal_patch_size / sampled
+def _timestamps(indices: Sequence[int], fps: float, tps: int) -> tuple[float, ...]:
+    """Qwen3-VL's time of each temporal patch (its processor's ``_calculate_timestamps``):
+    the sampled indices, the last repeated to a whole patch, in seconds; each patch's first
+    and last frame averaged."""
+    indices = [*indices, *[indices[-1]] * (-len(indices) % tps)]
+    seconds = [i / (fps or 24) for i in indices]
+    return tuple((seconds[i] + seconds[i + tps - 1]) / 2 for i in range(0, len(seconds), tps))
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
