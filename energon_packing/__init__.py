@@ -40,6 +40,7 @@ _LAZY = {
     "MetricsAggregator": "stats",
     "SkipWarning": "stats",
     "PackContractError": "schema",
+    "StatefulLayersError": "encoding.models",
     "load_processor": "encoding.processor_loading",
 }
 

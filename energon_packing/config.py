@@ -446,6 +446,24 @@ class LayoutKnobs:
         paths=(PROCESSOR,),
         instead="the built-in layout is Qwen2-VL's, whose video positions have no time scale",
     )
+    model_type: str | None = _knob(
+        None,
+        decides=False,
+        default_text="None (the processor's config.json)",
+        effect="the model the packs are for (its config.json `model_type`): decides whether it "
+        "is packed exactly where a processor class serves several models (`Qwen3VLProcessor`: "
+        "Qwen3-VL and Qwen3.5) and refuses models whose layers carry state; None: read from "
+        "the processor's directory",
+        related="`load_processor(DIR)` reads it from DIR/config.json",
+    )
+    allow_stateful_layers: bool = _knob(
+        False,
+        decides=False,
+        effect="accept a model with linear-attention / Mamba / short-convolution layers "
+        "(Qwen3.5, Nemotron-H, LFM2): exact only where its kernels get the conversations' "
+        "boundaries (`to_hf(..., allow_stateful_layers=True)` on a GPU); refused otherwise",
+        related="flash-linear-attention, mamba-ssm kernels",
+    )
 
     def __post_init__(self) -> None:
         _choice("train_on", self.train_on, TRAIN_ON)
@@ -469,6 +487,14 @@ class LayoutKnobs:
                 f"tokens_per_second must be a number > 0 and <= {MAX_TOKENS_PER_SECOND} (your "
                 f"model's vision_config.tokens_per_second), got {tps!r}"
             )
+        if self.model_type is not None and (
+            not isinstance(self.model_type, str) or not self.model_type
+        ):
+            raise ValueError(
+                f"model_type must be a config.json model_type string (e.g. 'qwen3_vl') or None, "
+                f"got {self.model_type!r}"
+            )
+        _flag("allow_stateful_layers", self.allow_stateful_layers)
         _ = self.vision  # validates min_pixels <= max_pixels
 
     @property

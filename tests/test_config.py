@@ -256,6 +256,22 @@ def observe_processor(**knobs):
     return out
 
 
+def observe_model(**knobs):
+    """The refusal of the model the knobs name, or the ids of the samples."""
+    from energon_packing.encoding.models import StatefulLayersError
+
+    try:
+        te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=8192, **knobs)
+    except StatefulLayersError as e:
+        return str(e).split(":")[1]
+    out = []
+    for sample in SAMPLES:
+        with contextlib.suppress(SkipSample):
+            out.append(te.encode_sample(sample).input_ids.tolist())
+    assert out  # what a refusal is compared with
+    return out
+
+
 def observe_stop(**knobs):
     """Whether encoding the samples (some of which are skipped) stops the worker, and why."""
     from energon_packing.loader.task_encoder import PackingError
@@ -344,6 +360,12 @@ KNOB_CASES = {
     "max_video_tokens": ({}, {"max_video_tokens": 64}, observe_video),
     "video_config": ({}, {"video_config": {"do_sample_frames": True, "fps": 1.0}}, observe_video),
     "tokens_per_second": ({}, {"tokens_per_second": 4}, observe_video),
+    "model_type": ({}, {"model_type": "qwen3_5"}, observe_model),
+    "allow_stateful_layers": (
+        {"model_type": "qwen3_5"},
+        {"model_type": "qwen3_5", "allow_stateful_layers": True},
+        observe_model,
+    ),
 }
 
 

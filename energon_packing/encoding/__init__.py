@@ -12,6 +12,7 @@ computes 1-D or mRoPE positions of one conversation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,6 +52,11 @@ def make_chat(
             "family's own chat template and image processing), not both"
         )
     mrope = getattr(config, "mrope", None)
+    if processor is not None and (isinstance(processor, str) or hasattr(processor, "__fspath__")):
+        from energon_packing.encoding.processor_loading import load_processor
+
+        processor = load_processor(processor)
+    info = _model(processor if processor is not None else tokenizer, config)
     if processor is None:
         from energon_packing.encoding.builtin import BuiltinChat
         from energon_packing.encoding.tokenizer import ChatTokenizer
@@ -71,17 +77,17 @@ def make_chat(
             chat.videos = videos(chat.video_family, settings, overrides=config.video_config)
         return chat
     from energon_packing.config import knob
+    from energon_packing.encoding.families import check_model
     from energon_packing.encoding.processor import ProcessorChat
-    from energon_packing.encoding.processor_loading import load_processor
 
-    if isinstance(processor, str) or hasattr(processor, "__fspath__"):
-        processor = load_processor(processor)
     tokens_per_second = getattr(config, "tokens_per_second", knob("tokens_per_second").default)
     chat = ProcessorChat(
         processor,
         chat_template_kwargs=config.chat_template_kwargs,
         tokens_per_second=tokens_per_second,
     )
+    if chat.family is not None:
+        check_model(chat.family, chat.name, info)
     if tokens_per_second != knob("tokens_per_second").default and (
         chat.family_name != "qwen2_5_vl"
     ):
@@ -111,3 +117,32 @@ def make_chat(
             f"on a processor path the family decides: leave mrope unset"
         )
     return chat
+
+
+def _model(source: Any, config: PackingConfig) -> Any:
+    """The model the packs are for (:class:`.models.ModelInfo`, or None where nothing names
+    it), its layers checked: ``model_type=`` first, else what the processor or tokenizer was
+    saved with. Raises for layers that would mix packed conversations."""
+    from energon_packing.encoding.models import (
+        check_layers,
+        info_of,
+        model_info_for_type,
+        read_model_info,
+    )
+
+    model_type = getattr(config, "model_type", None)
+    info = model_info_for_type(model_type) if model_type else None
+    if isinstance(source, str) or hasattr(source, "__fspath__"):  # a tokenizer's path
+        found = read_model_info(source) if Path(source).is_dir() else None
+    else:
+        found = None if source is None else info_of(source)
+    if info is not None and found is not None and found.model_type != model_type:
+        raise ValueError(
+            f"model_type={model_type!r}, but {found.source} says model_type "
+            f"{found.model_type!r}; leave model_type unset, or pass the processor of that model"
+        )
+    info = found or info
+    if info is not None and not getattr(config, "unpacked", False):  # one per row: exact
+        allow = bool(getattr(config, "allow_stateful_layers", False))
+        check_layers(info, allow_stateful_layers=allow, where="PackingTaskEncoder")
+    return info

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from energon_packing.encoding.models import ModelInfo, processor_model_types
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "Family", "family_of"]
+__all__ = ["FAMILIES", "Family", "check_model", "family_of"]
 
 
 class _Shape:
@@ -105,6 +106,10 @@ class Family:
             the outputs on dim 0 (no padding across images), the rows of each output field per
             image: a pack's images then go through one image-processor call, split per
             conversation after (None: one call per conversation).
+        model_types: The models (``config.json``'s ``model_type``) packed exactly with this
+            layout: per-source logits equal each conversation alone.
+        stateful_model_types: Models with the same processor layout whose layers carry state
+            across positions: accepted only with ``allow_stateful_layers=True``.
     """
 
     name: str
@@ -113,13 +118,26 @@ class Family:
     mrope: bool = False
     token_types: str | None = None
     image_rows: Callable[[Any], dict[str, list[int]]] | None = None
+    model_types: tuple[str, ...] = ()
+    stateful_model_types: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.model_types, f"{self.name}: a family names the model types it packs"
 
 
-def _qwen(name: str, processor_class: str) -> Family:
+def _qwen(
+    name: str,
+    processor_class: str,
+    *,
+    model_types: tuple[str, ...] | None = None,
+    stateful_model_types: tuple[str, ...] = (),
+) -> Family:
     """Qwen2-VL's size rule, mRoPE, per-image rows and token types, shared by its successors."""
     return Family(
         name=name,
         classes=(processor_class,),
+        model_types=model_types or (name,),
+        stateful_model_types=stateful_model_types,
         replacement_inputs=_qwen_inputs,
         mrope=True,
         image_rows=_qwen_rows,
@@ -130,18 +148,37 @@ def _qwen(name: str, processor_class: str) -> Family:
 FAMILIES: tuple[Family, ...] = (
     _qwen("qwen2_vl", "Qwen2VLProcessor"),
     _qwen("qwen2_5_vl", "Qwen2_5_VLProcessor"),
-    _qwen("qwen3_vl", "Qwen3VLProcessor"),
+    # Qwen3.5 ships Qwen3-VL's processor (the same ids and positions), but 3 of 4 of its text
+    # layers are Gated DeltaNet: a recurrent state (:mod:`.models`)
+    _qwen(
+        "qwen3_vl",
+        "Qwen3VLProcessor",
+        model_types=("qwen3_vl", "qwen3_vl_moe"),
+        stateful_model_types=("qwen3_5", "qwen3_5_moe"),
+    ),
     Family(
         name="gemma3",
         classes=("Gemma3Processor",),
+        model_types=("gemma3",),
         replacement_inputs=_gemma3_inputs,
         token_types="token_type_ids",  # Gemma3Processor renames mm_token_type_ids
     ),
-    Family(name="idefics3", classes=("Idefics3Processor",), replacement_inputs=_idefics3_inputs),
-    Family(name="smolvlm", classes=("SmolVLMProcessor",), replacement_inputs=_idefics3_inputs),
+    Family(
+        name="idefics3",
+        classes=("Idefics3Processor",),
+        model_types=("idefics3",),
+        replacement_inputs=_idefics3_inputs,
+    ),
+    Family(
+        name="smolvlm",
+        classes=("SmolVLMProcessor",),
+        model_types=("smolvlm",),
+        replacement_inputs=_idefics3_inputs,
+    ),
     Family(
         name="llava_onevision",
         classes=("LlavaOnevisionProcessor",),
+        model_types=("llava_onevision",),
         replacement_inputs=_llava_onevision_inputs,
     ),
 )
@@ -151,3 +188,32 @@ def family_of(processor: Any) -> Family | None:
     """The :class:`Family` of a processor (by class name, subclasses included)."""
     names = {klass.__name__ for klass in type(processor).__mro__}
     return next((f for f in FAMILIES if names & set(f.classes)), None)
+
+
+def check_model(family: Family, processor_class: str, info: ModelInfo | None) -> None:
+    """Raises unless ``family``'s layout packs the model ``info`` describes exactly.
+
+    A family is chosen by its processor class, but one class can serve several models
+    (``Qwen3VLProcessor``: Qwen3-VL and Qwen3.5; ``Gemma3Processor``: Gemma 3 and T5Gemma 2):
+    the model decides. With no model at hand (``info`` None), a class that serves a model the
+    family does not pack is refused rather than guessed.
+    """
+    accepted = (*family.model_types, *family.stateful_model_types)
+    if info is not None:
+        if info.model_type not in accepted:
+            raise ValueError(
+                f"model type {info.model_type!r} ({info.source}) comes with {processor_class}, "
+                f"which energon_packing lays out as the {family.name} family, exact for model "
+                f"types {', '.join(accepted)} only; {info.model_type!r} is not packed (its "
+                f"positions, masks or layers are not that family's)"
+            )
+        return
+    others = sorted(set(processor_model_types(processor_class)) - set(family.model_types))
+    if others:
+        raise ValueError(
+            f"{processor_class} serves several models ({', '.join(family.model_types)} are "
+            f"packed as {family.name}; {', '.join(others)} are not, or only with "
+            f"allow_stateful_layers=True) and this processor names none: load it with "
+            f"load_processor(MODEL_DIR) from the directory that holds the model's config.json, "
+            f"or pass model_type= (the model_type of that config.json)"
+        )

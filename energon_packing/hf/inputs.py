@@ -21,6 +21,10 @@ parameters name an ``mrope_section``; Gemma 3: ``model_type == "gemma3"``); with
 the batch (3-row positions: mRoPE; ``token_type_ids``: Gemma 3, which then needs ``model=`` or
 ``config=`` for its sliding window, an error; else 1-row).
 
+A model whose layers carry state along the row (Gated DeltaNet, Mamba, short convolutions:
+:mod:`energon_packing.encoding.models`) is refused, naming the layer type, unless
+``allow_stateful_layers=True`` on a GPU (it then gets the boundaries as flash-attention-2 does).
+
 Flash-attention-2 (``_attn_implementation`` of the config, or ``attn_implementation=``) also gets
 ``cu_seq_lens_q/k`` (the padded boundaries, int32) and ``max_length_q/k``: what
 ``transformers`` would derive from the text row itself (``prepare_fa_kwargs_from_position_ids``),
@@ -34,6 +38,7 @@ from typing import Any
 
 import torch
 
+from energon_packing.encoding.models import StatefulLayersError, check_layers, model_info
 from energon_packing.hf.masks import gemma3_mask_mapping
 from energon_packing.schema import (
     CU_SEQLENS,
@@ -108,6 +113,7 @@ def to_hf(
     config: Any = None,
     row: int | None = None,
     attn_implementation: str | None = None,
+    allow_stateful_layers: bool = False,
 ) -> HFInputs:
     """The keyword arguments of ``model(**inputs)`` for one pack of a loader batch.
 
@@ -119,6 +125,11 @@ def to_hf(
         row: Which pack of the batch; ``None`` requires a batch of one pack.
         attn_implementation: Overrides the config's (``"flash_attention_2"`` adds the varlen
             boundaries); with neither model nor config, ``"sdpa"``.
+        allow_stateful_layers: Accept a model whose layers carry state along the row
+            (linear attention / Gated DeltaNet, Mamba, short convolutions: refused otherwise,
+            naming the layer type). It then gets the boundaries its kernels read
+            (``cu_seq_lens_q/k``, ``max_length_q/k``) and must sit on a GPU: the CPU
+            fallbacks of those layers ignore them.
 
     Returns:
         :class:`HFInputs`: ``input_ids [1, C]``, ``position_ids`` (``[4, 1, C]`` for mRoPE,
@@ -133,6 +144,7 @@ def to_hf(
             the model's family.
         ValueError: an empty batch, a batch of several packs without ``row=``, both ``model``
             and ``config``, or Gemma 3 without either.
+        StatefulLayersError: a model whose layers mix packed conversations (a ValueError).
     """
     if model is not None and config is not None:
         raise ValueError("to_hf: pass model= or config=, not both")
@@ -148,6 +160,8 @@ def to_hf(
         )
     attn = attn_implementation or getattr(_text_config(config), "_attn_implementation", None)
     varlen = "flash" in (attn or "")
+    if config is not None and _stateful(config, model, allow_stateful_layers):
+        varlen = True  # the boundaries are what those layers' kernels read
     gemma3 = getattr(config, "model_type", None) == "gemma3"
     if gemma3 and varlen:
         raise ValueError(
@@ -195,6 +209,25 @@ def to_hf(
     inputs.cu_seqlens = torch.as_tensor(batch[CU_SEQLENS][row])
     inputs.cu_seqlens_padded = cu_padded
     return inputs
+
+
+def _stateful(config: Any, model: Any, allow: bool) -> bool:
+    """Whether the model has layers that carry state along the row (accepted only with
+    ``allow`` and on a GPU; raises otherwise)."""
+    info = model_info(config, source=type(model or config).__name__)
+    check_layers(info, allow_stateful_layers=allow, where="to_hf")
+    if not info.stateful_layers:
+        return False
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        raise StatefulLayersError(
+            f"to_hf: allow_stateful_layers=True, but the model is on {device or 'no device'}: "
+            f"the CPU fallbacks of its {', '.join(info.stateful_layers)} layers ignore the "
+            f"conversations' boundaries, so every conversation after a pack's first would be "
+            f"computed from the previous one's state; run it on a GPU with the "
+            f"flash-linear-attention / causal-conv1d / mamba-ssm kernels installed"
+        )
+    return True
 
 
 def _row(batch: Mapping[str, Any], row: int | None) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon_packing.encoding.models import model_info
 from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
@@ -31,7 +32,7 @@ from energon_packing.testing.templates import (
     QWEN3_VL_TEMPLATE,
 )
 
-__all__ = ["FAMILIES", "build", "make_tokenizer", "save_published"]
+__all__ = ["FAMILIES", "STATEFUL", "build", "make_tokenizer", "save_published"]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "llava_onevision")
 
@@ -138,7 +139,7 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
     elif family == "qwen2_5_vl":
         names = ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
         vision.update(tower, window_size=56, fullatt_block_indexes=[1])
-    else:  # qwen3_vl: patch 16, mean/std 0.5, interleaved mRoPE, deepstack
+    else:  # qwen3_vl (and Qwen3.5): patch 16, mean/std 0.5, interleaved mRoPE, deepstack
         names = ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
         patch, template = 16, QWEN3_VL_TEMPLATE
         image_processor = dict(
@@ -149,6 +150,17 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
         )
         text["rope_parameters"]["rope_theta"] = 5000000.0
         vision.update(tower, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        if family == "qwen3_5":  # Qwen3-VL's processor; a Gated DeltaNet layer, no deepstack
+            names = ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor")
+            del vision["deepstack_visual_indexes"]
+            text.update(
+                layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+            )
     config_cls, model_cls, processor_cls = (getattr(transformers, n) for n in names)
     config = config_cls(
         text_config=text,
@@ -163,6 +175,7 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
         tokenizer=tokenizer,
         chat_template=template,
     )
+    processor.model_info = model_info(config, source=f"testing.families {family}")
     if not model:
         return processor, None, {"family": family}
     torch.manual_seed(0)
@@ -210,6 +223,7 @@ def _gemma3(model: bool) -> tuple[Any, Any, dict]:
         image_token_index=tokenizer.image_token_id,
     )
     info = {"family": "gemma3", "sliding_window": 8, "image_token_id": tokenizer.image_token_id}
+    processor.model_info = model_info(config, source="testing.families gemma3")
     if not model:
         return processor, None, info
     torch.manual_seed(0)
@@ -255,6 +269,7 @@ def _idefics3(model: bool) -> tuple[Any, Any, dict]:
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
+    processor.model_info = model_info(config, source="testing.families idefics3")
     if not model:
         return processor, None, {"family": "idefics3"}
     torch.manual_seed(0)
@@ -300,6 +315,7 @@ def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
         image_grid_pinpoints=pinpoints,
         vision_aspect_ratio="anyres_max_9",
     )
+    processor.model_info = model_info(config, source="testing.families llava_onevision")
     if not model:
         return processor, None, {"family": "llava_onevision"}
     torch.manual_seed(0)
@@ -307,9 +323,14 @@ def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
     return processor, model, {"family": "llava_onevision"}
 
 
+#: Models built here that energon_packing refuses (their layers carry state along the row).
+STATEFUL = ("qwen3_5",)
+
+
 def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
-    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES`; offline, CPU.
-    ``model=False``: the processor alone (the model is None), much faster."""
+    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES` (or a refused model
+    of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
+    None), much faster."""
     if family.startswith("qwen"):
         return _qwen(family, model)
     builders = {"gemma3": _gemma3, "idefics3": _idefics3, "llava_onevision": _llava_onevision}
@@ -341,3 +362,10 @@ def save_published(processor: Any, directory: Any) -> None:
     }
     (directory / "processor_config.json").write_text(json.dumps({**own, "processor_class": name}))
     (directory / "chat_template.jinja").write_text(processor.chat_template)
+    model = getattr(processor, "model_info", None)
+    if model is not None:  # the model's config.json: what decides the family beside the class
+        config = {"model_type": model.model_type}
+        if model.layer_types:
+            layers = list(model.layer_types)
+            config["text_config"] = {"layer_types": layers, "num_hidden_layers": len(layers)}
+        (directory / "config.json").write_text(json.dumps(config))

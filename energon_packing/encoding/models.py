@@ -1,0 +1,281 @@
+"""What a model is: its type, read from its config, and whether its layers keep packed
+conversations apart.
+
+A pack is exact when every layer sees each conversation alone. Attention layers do, given
+positions that restart per conversation (the padding-free path); a layer that carries state along
+the sequence does not: a linear-attention / Gated DeltaNet or Mamba state, or a short causal
+convolution, reads the previous conversation's last tokens::
+
+    pack          A A A A B B B B B
+    attention     A sees A, B sees B          (positions restart: exact)
+    conv / SSM    B's state starts from A's   (the first B tokens are off, then all of B)
+
+So a model is accepted only when every layer type of its text model is one that keeps
+conversations apart (:data:`SEPARATE_LAYER_TYPES`); anything else is refused, naming the layer
+type, unless ``allow_stateful_layers=True`` (the kernels must then be told the boundaries:
+:func:`energon_packing.hf.to_hf` passes them; nothing on a CPU path does). Imports
+``transformers`` only in the functions that read a config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SEPARATE_LAYER_TYPES",
+    "ModelInfo",
+    "StatefulLayersError",
+    "check_layers",
+    "info_of",
+    "model_info",
+    "model_info_for_type",
+    "processor_model_types",
+    "read_model_info",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Layer types that see each packed conversation alone when positions restart per conversation
+#: (transformers' names; ``attention``/``mlp``/``moe``/``dense``/``sparse`` as hybrid configs
+#: spell their non-recurrent blocks).
+SEPARATE_LAYER_TYPES = frozenset(
+    {
+        "full_attention",
+        "sliding_attention",
+        "attention",
+        "mlp",
+        "moe",
+        "dense",
+        "sparse",
+    }
+)
+#: What the stateful layer types are, for the refusal (anything else not separate is named as is).
+STATEFUL_NAMES = {
+    "linear_attention": "linear attention (Gated DeltaNet / Mamba / lightning: a recurrent state)",
+    "mamba": "Mamba (a state-space recurrence)",
+    "mamba2": "Mamba-2 (a state-space recurrence)",
+    "conv": "short causal convolutions",
+    "hybrid": "attention + state-space hybrid blocks",
+    "hybrid_sliding": "sliding attention + state-space hybrid blocks",
+    "recurrent": "recurrent (RG-LRU) blocks",
+}
+#: Model types whose configs list no layer types because every layer is recurrent.
+ALL_RECURRENT = {
+    "mamba": "mamba",
+    "mamba2": "mamba2",
+    "falcon_mamba": "mamba",
+    "rwkv": "recurrent",
+    "xlstm": "recurrent",
+}
+#: Model types whose default config lists every layer as attention, though their published
+#: models are hybrids (LFM2: ``full_attn_idxs`` defaults to every layer; its checkpoints keep
+#: a few and make the rest short convolutions).
+_DEFAULT_HIDES = {"lfm2": "conv", "lfm2_moe": "conv"}
+#: Hybrid pattern letters (Nemotron-H's ``hybrid_override_pattern``).
+_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+#: The attributes a text config names its layers' kinds under (by transformers release).
+_LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
+#: What the refusal says makes such a model exact.
+STATEFUL_FIX = (
+    "a pack is exact only if each such layer is told where conversations start (the "
+    "flash-linear-attention / Mamba kernels with cu_seqlens or seq_idx, on a GPU); "
+    "allow_stateful_layers=True accepts the model, and to_hf(..., allow_stateful_layers=True) "
+    "then passes those boundaries (not proven on a CPU path, which ignores them); or train "
+    "unpacked (unpacked=True)"
+)
+
+
+class StatefulLayersError(ValueError):
+    """A model whose layers carry state from one packed conversation into the next."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelInfo:
+    """A model as its config describes it.
+
+    Attributes:
+        model_type: The config's ``model_type`` (e.g. ``"qwen3_5"``).
+        layer_types: The text model's layer kinds in order (``()`` when its config lists none).
+        source: Where it was read (for error messages).
+    """
+
+    model_type: str
+    layer_types: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def stateful_layers(self) -> dict[str, int]:
+        """Each layer type that does not keep packed conversations apart, with its count."""
+        counts: dict[str, int] = {}
+        for kind in self.layer_types:
+            if kind not in SEPARATE_LAYER_TYPES:
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def describe_stateful(self) -> str:
+        """``"18 of 24 layers are linear_attention (linear attention (...))"``, or ``""``."""
+        parts = [
+            f"{count} of {len(self.layer_types)} layers are {kind} "
+            f"({STATEFUL_NAMES.get(kind, 'not known to keep conversations apart')})"
+            for kind, count in self.stateful_layers.items()
+        ]
+        return "; ".join(parts)
+
+
+def _layer_types(text: Any, model_type: str) -> tuple[str, ...]:
+    for name in _LAYER_LISTS:
+        found = _get(text, name)
+        if found and isinstance(found, (list, tuple)) and all(isinstance(k, str) for k in found):
+            return tuple(found)
+    pattern = _get(text, "hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return tuple(_PATTERN.get(c, c) for c in pattern)
+    if model_type in ALL_RECURRENT:
+        layers = _get(text, "num_hidden_layers")
+        return (ALL_RECURRENT[model_type],) * (layers if isinstance(layers, int) else 1)
+    return ()
+
+
+def _get(config: Any, name: str) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(name)
+    try:
+        return getattr(config, name, None)
+    except Exception:  # a config property that needs fields this config lacks
+        return None
+
+
+def _text_config(config: Any) -> Any:
+    if isinstance(config, Mapping):
+        text = config.get("text_config") or config.get("llm_config")
+        return text if isinstance(text, Mapping) else config
+    getter = getattr(config, "get_text_config", None)
+    try:
+        return getter(decoder=True) if callable(getter) else config
+    except (ValueError, TypeError):  # several text configs (an encoder and a decoder)
+        return config
+
+
+def model_info(config: Any, *, source: str = "") -> ModelInfo:
+    """:class:`ModelInfo` of a ``transformers`` config (or its ``config.json`` as a dict)."""
+    model_type = _get(config, "model_type") or ""
+    text = _text_config(config)
+    text_type = _get(text, "model_type") or model_type
+    return ModelInfo(
+        model_type=str(model_type),
+        layer_types=_layer_types(text, str(text_type)),
+        source=source,
+    )
+
+
+def read_model_info(path: str | Path) -> ModelInfo | None:
+    """The model of a local directory (its ``config.json``), or None where it has none.
+
+    ``transformers`` builds the config when it knows the type (defaults and legacy field names
+    resolved as the model sees them); else the raw JSON is read.
+    """
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        return None
+    source = str(file)
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{file} is not a readable JSON config: {e}") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # a type this transformers does not know: what the file says
+        logger.debug("%s: transformers does not build its config (%s); reading the JSON", file, e)
+        return model_info(raw, source=source)
+    return model_info(config, source=source)
+
+
+def model_info_for_type(model_type: str) -> ModelInfo:
+    """:class:`ModelInfo` of a model type's default config (its layer types as published)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.for_model(model_type)
+    except Exception as e:
+        raise ValueError(
+            f"model_type={model_type!r} is not a model type this transformers knows ({e}); "
+            f"use the model_type of the model's config.json"
+        ) from e
+    info = model_info(config, source=f"model_type={model_type!r}")
+    text_type = _get(_text_config(config), "model_type")
+    hidden = _DEFAULT_HIDES.get(model_type) or _DEFAULT_HIDES.get(text_type)
+    if hidden and not info.stateful_layers:  # its default config lists no such layer
+        kinds = (hidden,) * max(len(info.layer_types), 1)
+        return ModelInfo(model_type=info.model_type, layer_types=kinds, source=info.source)
+    return info
+
+
+def check_layers(info: ModelInfo, *, allow_stateful_layers: bool, where: str) -> None:
+    """Raises :class:`StatefulLayersError` for a model whose layers mix packed conversations.
+
+    Args:
+        info: The model.
+        allow_stateful_layers: Accept it anyway (logged once; its kernels must get the
+            boundaries).
+        where: Who asks (``"PackingTaskEncoder"``, ``"to_hf"``), for the message.
+    """
+    described = info.describe_stateful()
+    if not described:
+        return
+    if allow_stateful_layers:
+        logger.warning(
+            "%s: model type %r (%s): %s; accepted by allow_stateful_layers=True: packs are "
+            "exact only where those layers are given the conversations' boundaries",
+            where,
+            info.model_type,
+            info.source,
+            described,
+        )
+        return
+    raise StatefulLayersError(
+        f"{where}: model type {info.model_type!r} ({info.source}) cannot be packed exactly: "
+        f"{described}: such layers do not keep packed conversations apart; "
+        f"{STATEFUL_FIX}"
+    )
+
+
+def processor_model_types(class_name: str) -> tuple[str, ...]:
+    """The model types whose ``AutoProcessor`` is ``class_name``, as the installed
+    ``transformers`` maps them (``()`` where it has no such table)."""
+    try:
+        from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    except ImportError:
+        return ()
+    return tuple(sorted(t for t, name in PROCESSOR_MAPPING_NAMES.items() if name == class_name))
+
+
+def info_of(processor: Any) -> ModelInfo | None:
+    """The model a processor (or tokenizer) was saved with, where it can be found offline:
+    what :func:`energon_packing.load_processor` read (``processor.model_info``), else the
+    ``config.json`` beside the files it was loaded from (a local directory, or the Hugging Face
+    cache of the hub id it names)."""
+    found = getattr(processor, "model_info", None)
+    if isinstance(found, ModelInfo):
+        return found
+    tokenizer = getattr(processor, "tokenizer", None) or processor
+    name = getattr(tokenizer, "name_or_path", None) or getattr(processor, "name_or_path", None)
+    if not isinstance(name, str) or not name:
+        return None
+    if Path(name).is_dir():
+        return read_model_info(name)
+    try:  # a hub id: its cached snapshot, never the network
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:
+        return None
+    return read_model_info(Path(cached).parent) if isinstance(cached, str) else None
