@@ -21,7 +21,7 @@ from energon_packing.encoding.models import ModelInfo, processor_model_types
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "Family", "check_model", "family_of"]
+__all__ = ["FAMILIES", "Family", "check_model", "family_of", "family_of_model"]
 
 
 class _Shape:
@@ -90,6 +90,28 @@ def _llava_onevision_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) 
     }
 
 
+def _llava_next_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """LLaVA-NeXT's anyres: each image's size, and the tile side its patches are cropped to."""
+    image_processor = processor.image_processor
+    crop, size = image_processor.crop_size, image_processor.size
+    if crop and crop.get("height"):
+        side = (crop["height"], crop["width"])
+    else:
+        side = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+    return {
+        "image_sizes": [list(s) for per_text in sizes for s in per_text],
+        "pixel_values": [[_Shape((3, *side))]],
+    }
+
+
+def _tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """InternVL's and Aya Vision's tiling (GOT-OCR2's image processor): tiles per image, with
+    the processor's own image defaults (both crop to tiles)."""
+    defaults = dict(getattr(type(processor), "images_kwargs", None) or {})
+    count = processor.image_processor.get_number_of_image_patches
+    return {"num_patches": [count(h, w, defaults) for per_text in sizes for h, w in per_text]}
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Family:
     """A model family.
@@ -110,6 +132,11 @@ class Family:
             layout: per-source logits equal each conversation alone.
         stateful_model_types: Models with the same processor layout whose layers carry state
             across positions: accepted only with ``allow_stateful_layers=True``.
+        videos: Whether this package lays out the family's videos (its video processor's rules:
+            :mod:`energon_packing.media.video`); else a video is skipped ``unsupported_video``.
+        image_blocks: Whether an image's tokens attend to each other both ways (Gemma 3): a
+            pack needs the model's mask mapping per conversation
+            (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
     """
 
     name: str
@@ -120,6 +147,8 @@ class Family:
     image_rows: Callable[[Any], dict[str, list[int]]] | None = None
     model_types: tuple[str, ...] = ()
     stateful_model_types: tuple[str, ...] = ()
+    videos: bool = False
+    image_blocks: bool = False
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -138,6 +167,7 @@ def _qwen(
         classes=(processor_class,),
         model_types=model_types or (name,),
         stateful_model_types=stateful_model_types,
+        videos=True,
         replacement_inputs=_qwen_inputs,
         mrope=True,
         image_rows=_qwen_rows,
@@ -161,6 +191,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Gemma3Processor",),
         model_types=("gemma3",),
         replacement_inputs=_gemma3_inputs,
+        image_blocks=True,
         token_types="token_type_ids",  # Gemma3Processor renames mm_token_type_ids
     ),
     Family(
@@ -176,12 +207,37 @@ FAMILIES: tuple[Family, ...] = (
         replacement_inputs=_idefics3_inputs,
     ),
     Family(
+        name="llava_next",
+        classes=("LlavaNextProcessor",),
+        model_types=("llava_next",),
+        replacement_inputs=_llava_next_inputs,
+    ),
+    Family(
+        name="internvl",
+        classes=("InternVLProcessor",),
+        model_types=("internvl",),
+        replacement_inputs=_tile_count_inputs,
+    ),
+    Family(
+        name="aya_vision",
+        classes=("AyaVisionProcessor",),
+        model_types=("aya_vision",),
+        replacement_inputs=_tile_count_inputs,
+    ),
+    Family(
         name="llava_onevision",
         classes=("LlavaOnevisionProcessor",),
         model_types=("llava_onevision",),
         replacement_inputs=_llava_onevision_inputs,
     ),
 )
+
+
+def family_of_model(model_type: str | None) -> Family | None:
+    """The :class:`Family` that packs ``model_type`` (exactly, or with the stateful opt-in)."""
+    return next(
+        (f for f in FAMILIES if model_type in (*f.model_types, *f.stateful_model_types)), None
+    )
 
 
 def family_of(processor: Any) -> Family | None:

@@ -74,9 +74,6 @@ __all__ = ["ProcessorChat", "ProcessorEncoding", "ProcessorMismatchError"]
 
 #: Inserted after the first character of a special token spelled in conversation text.
 ESCAPE = "\u200b"
-#: Families whose videos this package lays out (their video processors' rules:
-#: ``energon_packing.media.video``).
-VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 #: Qwen2.5-VL's published ``vision_config.tokens_per_second`` (transformers' class default is 4).
 TOKENS_PER_SECOND = 2
 
@@ -119,7 +116,7 @@ class ProcessorChat:
         tokens_per_second: float = TOKENS_PER_SECOND,
     ):
         self.processor = processor
-        #: attached by the task encoder for a family in :data:`VIDEO_FAMILIES`
+        #: attached by the task encoder for a family that takes videos (``Family.videos``)
         self.videos: VideoCosting | None = None
         self.tokenizer = getattr(processor, "tokenizer", None) or processor
         self.has_images = getattr(processor, "image_processor", None) is not None
@@ -153,7 +150,7 @@ class ProcessorChat:
             )
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
-        self.video_family = self.family_name if self.family_name in VIDEO_FAMILIES else None
+        self.video_family = self.family_name if self.family and self.family.videos else None
         self.video_token = getattr(processor, "video_token", None) if self.video_family else None
         #: what decides how videos are sampled and sized: the video processor, or the settings
         #: of one that could not be built (no torchvision: ``load_processor``)

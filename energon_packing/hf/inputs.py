@@ -17,7 +17,7 @@ each family that form::
 * every other family: ``position_ids [1, C]``.
 
 How the family is known: from ``model.config`` or ``config`` (mRoPE: the text config's rope
-parameters name an ``mrope_section``; Gemma 3: ``model_type == "gemma3"``); without either, from
+parameters name an ``mrope_section``; Gemma 3: its model type's family has image blocks); without either, from
 the batch (3-row positions: mRoPE; ``token_type_ids``: Gemma 3, which then needs ``model=`` or
 ``config=`` for its sliding window, an error; else 1-row).
 
@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from energon_packing.encoding.families import family_of_model
 from energon_packing.encoding.models import StatefulLayersError, check_layers, model_info
 from energon_packing.hf.masks import gemma3_mask_mapping
 from energon_packing.schema import (
@@ -162,7 +163,8 @@ def to_hf(
     varlen = "flash" in (attn or "")
     if config is not None and _stateful(config, model, allow_stateful_layers):
         varlen = True  # the boundaries are what those layers' kernels read
-    gemma3 = getattr(config, "model_type", None) == "gemma3"
+    family = family_of_model(getattr(config, "model_type", None))
+    gemma3 = family is not None and family.image_blocks
     if gemma3 and varlen:
         raise ValueError(
             f"to_hf: Gemma 3 does not run flash attention (attn_implementation={attn!r}: its "

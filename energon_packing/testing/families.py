@@ -30,11 +30,22 @@ from energon_packing.testing.templates import (
     LLAVA_ONEVISION_TEMPLATE,
     QWEN2_VL_TEMPLATE,
     QWEN3_VL_TEMPLATE,
+    chatml_interleaved,
 )
 
 __all__ = ["FAMILIES", "STATEFUL", "build", "make_tokenizer", "save_published"]
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "llava_onevision")
+FAMILIES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "gemma3",
+    "idefics3",
+    "llava_onevision",
+    "llava_next",
+    "internvl",
+    "aya_vision",
+)
 
 QWEN_SPECIALS = [
     "<|endoftext|>",
@@ -323,6 +334,145 @@ def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
     return processor, model, {"family": "llava_onevision"}
 
 
+def _llava_next(model: bool) -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import (
+        LlavaNextImageProcessorPil,
+    )
+
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, "<image>"], eos="<|im_end|>", pad="<|endoftext|>"
+    )
+    side, patch = 28, 7  # a 28 px tile: 4x4 = 16 features, anyres up to 2x2 tiles
+    pinpoints = [[side * a, side * b] for a in (1, 2) for b in (1, 2)]
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil(
+            size={"shortest_edge": side},
+            crop_size={"height": side, "width": side},
+            image_grid_pinpoints=pinpoints,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        patch_size=patch,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
+        chat_template=chatml_interleaved("<image>"),
+    )
+    config = LlavaNextConfig(
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        vision_config=_tiny_siglip(image_size=side, patch_size=patch),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=pinpoints,
+    )
+    processor.model_info = model_info(config, source="testing.families llava_next")
+    if not model:
+        return processor, None, {"family": "llava_next"}
+    torch.manual_seed(0)
+    return processor, LlavaNextForConditionalGeneration(config).eval(), {"family": "llava_next"}
+
+
+def _internvl(model: bool) -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
+        GotOcr2ImageProcessorPil,
+    )
+
+    named = {
+        "start_image_token": "<img>",
+        "end_image_token": "</img>",
+        "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>",
+    }
+    tokenizer = make_tokenizer(
+        extra=QWEN_SPECIALS, named=named, eos="<|im_end|>", pad="<|endoftext|>"
+    )
+    side, patch = 28, 7  # 4x4 patches per tile, pixel-shuffled by 0.5: 4 tokens per tile
+    processor = image_only(InternVLProcessor)(
+        image_processor=GotOcr2ImageProcessorPil(
+            size={"height": side, "width": side},
+            max_patches=4,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        image_seq_length=4,
+        chat_template=chatml_interleaved("<IMG_CONTEXT>"),
+    )
+    config = InternVLConfig(
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=[side, side],
+            patch_size=[patch, patch],
+        ),
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=4,
+        downsample_ratio=0.5,
+    )
+    processor.model_info = model_info(config, source="testing.families internvl")
+    if not model:
+        return processor, None, {"family": "internvl"}
+    torch.manual_seed(0)
+    return processor, InternVLForConditionalGeneration(config).eval(), {"family": "internvl"}
+
+
+def _aya_vision(model: bool) -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
+        GotOcr2ImageProcessorPil,
+    )
+
+    specials = [
+        "<image>",
+        "<|START_OF_IMG|>",
+        "<|END_OF_IMG|>",
+        "<|IMG_PATCH|>",
+        "<|IMG_LINE_BREAK|>",
+    ]
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, *specials], eos="<|im_end|>", pad="<|endoftext|>"
+    )
+    side, patch = 28, 7  # 4x4 SigLIP patches per tile, downsampled by 2: 4 tokens per tile
+    processor = AyaVisionProcessor(
+        image_processor=GotOcr2ImageProcessorPil(
+            size={"height": side, "width": side},
+            max_patches=4,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        patch_size=patch,  # the processor multiplies it by downsample_factor
+        img_size=side,
+        downsample_factor=2,
+        chat_template=chatml_interleaved("<image>"),
+    )
+    text = _tiny_text(tokenizer, model_type="cohere2", head_dim=16, sliding_window=8)
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    config = AyaVisionConfig(
+        vision_config=_tiny_siglip(image_size=side, patch_size=patch),
+        text_config=text,
+        downsample_factor=2,
+        image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+    )
+    processor.model_info = model_info(config, source="testing.families aya_vision")
+    info = {"family": "aya_vision", "sliding_window": 8}
+    if not model:
+        return processor, None, info
+    torch.manual_seed(0)
+    return processor, AyaVisionForConditionalGeneration(config).eval(), info
+
+
 #: Models built here that energon_packing refuses (their layers carry state along the row).
 STATEFUL = ("qwen3_5",)
 
@@ -333,7 +483,14 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
     None), much faster."""
     if family.startswith("qwen"):
         return _qwen(family, model)
-    builders = {"gemma3": _gemma3, "idefics3": _idefics3, "llava_onevision": _llava_onevision}
+    builders = {
+        "gemma3": _gemma3,
+        "idefics3": _idefics3,
+        "llava_onevision": _llava_onevision,
+        "llava_next": _llava_next,
+        "internvl": _internvl,
+        "aya_vision": _aya_vision,
+    }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return builders[family](model)

@@ -16,6 +16,7 @@ __all__ = [
     "LLAVA_ONEVISION_TEMPLATE",
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
+    "chatml_interleaved",
 ]
 
 QWEN2_VL_TEMPLATE = (
@@ -223,3 +224,17 @@ LLAVA_ONEVISION_TEMPLATE = (
     "{{'<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def chatml_interleaved(image: str) -> str:
+    """ChatML with each image part written in place as ``image`` (the placeholder its processor
+    expands), for the families whose published templates interleave it so (InternVL's
+    ``<IMG_CONTEXT>``, LLaVA-NeXT's and Aya Vision's ``<image>``)."""
+    return (
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+        "{{ '" + image + "\\n' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
