@@ -31,6 +31,7 @@ __all__ = [
     "MAX_LOSS_WEIGHT",
     "MIN_LOSS_WEIGHT",
     "ROLES",
+    "SPEAKER_ROLES",
     "VIDEO",
     "VIDEO_PLACEHOLDER",
     "WHOLE_MESSAGES",
@@ -55,6 +56,15 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant")
+#: LLaVA / ShareGPT speakers -> roles: the loader reads a document's LLaVA turns and
+#: ``energon-packing convert`` its records with this one mapping.
+SPEAKER_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 IMAGE, VIDEO = "image", "video"
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"

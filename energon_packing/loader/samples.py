@@ -35,7 +35,7 @@ import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from energon_packing.encoding.chat import Skip, brief, check_loss_weight
+from energon_packing.encoding.chat import SPEAKER_ROLES, Skip, brief, check_loss_weight
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
 from energon_packing.schema import Pack
@@ -191,16 +191,6 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         "video_names": video_names,
         "videos": videos,
     }
-
-
-#: LLaVA / ShareGPT speakers -> roles (``energon-packing convert`` maps them the same way)
-SPEAKER_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
 
 
 def _from_value(turns: list) -> list:
