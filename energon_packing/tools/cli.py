@@ -720,11 +720,25 @@ def _check_videos(path: Path, limit: int) -> list:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "llava", "sharegpt", "hf", "messages"]),
+    type=click.Choice(["auto", "llava", "sharegpt", "messages", "hf", "swift", "alpaca"]),
     default="auto",
     show_default=True,
     help="The records' format; auto decides record by record.",
 )
+@click.option(
+    "--columns",
+    default=None,
+    help="The record keys that hold what convert reads: messages=conv,images=imgs,... "
+    '(or ms-swift\'s JSON \'{"conv": "messages"}\').',
+)
+@click.option(
+    "--dataset-info",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="LLaMA-Factory's dataset_info.json: the --dataset entry's file_name (under SOURCE, "
+    "its dataset_dir), formatting, columns and tags.",
+)
+@click.option("--dataset", default=None, help="The entry of --dataset-info to convert.")
 @click.option(
     "--media-root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -745,35 +759,59 @@ def _check_videos(path: Path, limit: int) -> list:
     help="A source file (its path relative to SOURCE) whose records all go to val; repeatable.",
 )
 @click.option("--samples-per-shard", default=1000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--min-converted",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Fail (exit 1, one line saying why) when fewer of the records read convert.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace OUT when an earlier convert wrote it.")
 @click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")
 def convert_command(
     source: Path,
     out: Path,
     fmt: str,
+    columns,
+    dataset_info,
+    dataset,
     media_root,
     val_fraction,
     val_files,
     samples_per_shard,
+    min_converted,
+    overwrite,
     strict,
 ) -> None:
-    """Convert LLaVA / ShareGPT JSON, JSONL of messages or a Hugging Face dataset into prepared
-    Energon shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
-    record's key to OUT/convert_map.jsonl."""
-    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, convert
+    """Convert LLaVA / ShareGPT / InternVL JSON, messages JSONL (OpenAI, ms-swift,
+    LLaMA-Factory, Mantis, qwen-vl-utils, TRL) or a Hugging Face dataset into prepared Energon
+    shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
+    record's key to OUT/convert_map.jsonl. Exits 1 when nothing (or less than
+    --min-converted) converts, saying why."""
+    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
 
+    if dataset_info is not None and dataset is None:
+        raise click.UsageError("--dataset-info needs --dataset NAME (the entry to convert)")
     _quiet(progress=True)
     try:
         result = convert(
             source=source,
             out=out,
             format=fmt,
+            columns=columns,
+            dataset_info=dataset_info,
+            dataset=dataset,
             media_root=media_root,
             val_fraction=val_fraction,
             val_files=tuple(val_files),
             samples_per_shard=samples_per_shard,
+            min_converted=min_converted,
+            overwrite=overwrite,
             progress=True,
         )
-    except (FileExistsError, ValueError, ImportError) as e:
+    except ConvertError as e:
+        raise click.ClickException(str(e)) from None
+    except (FileExistsError, FileNotFoundError, ValueError, ImportError) as e:
         raise click.UsageError(" ".join(str(e).split())) from None
     reported = ", ".join(f"{reason} {n:,}" for reason, n in sorted(result.reported.items()))
     click.echo(
@@ -782,7 +820,6 @@ def convert_command(
         f"{result.total_reported:,}{f' ({reported})' if reported else ''} in "
         f"{out / REPORT_FILE}; keys in {out / MAP_FILE}"
     )
-    if result.converted:
-        click.echo(f"prepared: energon-packing stats {out}")
+    click.echo(f"prepared: energon-packing stats {out}")
     if strict and result.total_reported:
         raise SystemExit(1)
