@@ -201,7 +201,10 @@ def test_cli_counts_strict_and_refuses_a_non_empty_out(llava, tmp_path):
     assert (
         again.output.strip()
         .splitlines()[-1]
-        .endswith("exists and is not empty: convert writes a new dataset folder")
+        .endswith(
+            "exists and is not empty: convert writes a new dataset folder; pass --overwrite to "
+            "replace what an earlier convert wrote"
+        )
     )
     strict = runner.invoke(main, [*args[:2], str(tmp_path / "strict"), *args[3:], "--strict"])
     assert strict.exit_code == 1

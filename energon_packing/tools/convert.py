@@ -710,8 +710,8 @@ def _clear_out(out: Path, *, overwrite: bool) -> None:
     if not children:
         return
     failed = children == {REPORT_FILE}  # what a run that converted too little leaves
-    ours = children <= _OURS and all(
-        p.suffix == ".tar" and p.name.startswith(("train-", "val-"))
+    ours = children <= _OURS and all(  # shards and the .tar.idx files prepare writes
+        p.name.startswith(("train-", "val-")) and p.name.endswith((".tar", ".tar.idx"))
         for p in (out / "shards").glob("*")
     )
     if not failed and not overwrite:
@@ -933,9 +933,10 @@ def _suggest(rejected: list, how: _How) -> str:
     best, count = max(((c, reads(c)) for c in candidates), key=lambda pair: pair[1])
     if count <= now:
         return "no other --format or --columns reads them"
-    flags = f"--format {best.format}"
+    flags = [f"--format {best.format}"] if best.format != how.format else []
     if best.columns != how.columns:
-        flags += f" --columns {_columns_flag(best.columns)}"
+        flags.append(f"--columns {_columns_flag(best.columns)}")
+    flags = " ".join(flags)
     return f"{flags} reads {count} of the first {len(records)} rejected"
 
 
