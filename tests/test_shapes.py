@@ -472,3 +472,35 @@ def test_columns_map_a_records_keys(tmp_path):
         _check(result, {("r.jsonl", 0): [(0, "user", _png(21))]})
     with pytest.raises(ValueError, match=r"names 'conv'.*did you mean messages=conv"):
         convert(source=path, out=tmp_path / "bad", columns="conv=messages")
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [
+        ({"messages": [{"role": "user", "content": "<audio>Said?"},
+                       {"role": "assistant", "content": "Hi."}], "audios": ["a.wav"]},
+         "unsupported_media"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]},
+                       {"role": "assistant", "content": "Hi."}]}, "unsupported_media"),
+        ({"messages": [{"role": "user", "content": "Find <ref-object>"},
+                       {"role": "assistant", "content": "<bbox>"}],
+          "objects": {"ref": ["cat"], "bbox": [[1, 2, 3, 4]]}}, "unsupported_field"),
+        ({"messages": [{"role": "user", "content": "Does <audio> autoplay?"},
+                       {"role": "assistant", "content": "Not on mobile."}]}, None),
+    ],
+)  # fmt: skip
+def test_the_loader_skips_a_document_with_audio_or_grounding_never_packs_its_text(document, reason):
+    """A document written into shards by hand (not by convert) with what we do not pack is
+    skipped under its reason; ``<audio>`` in a document that lists no audio is text."""
+    from helpers import conversation_sample
+    from megatron.energon import SkipSample
+
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=1024)
+    sample = conversation_sample("k", document)
+    if reason is None:
+        encoded = te.encode_sample(sample)
+        assert "<audio>" in te.tokenizer.decode(encoded.input_ids.tolist())
+        return
+    with pytest.raises(SkipSample):
+        te.encode_sample(sample)
+    assert list(te.stats.skipped_keys) == [reason]

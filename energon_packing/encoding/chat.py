@@ -229,6 +229,12 @@ def parse_turns(
                     pieces.append(_text(part["text"], m))
                 elif kind in refs and isinstance(part.get(kind, ""), str):
                     pieces.append(refs[kind].take(part.get(kind)))
+                elif kind in ("audio", "input_audio", "audio_url"):
+                    raise Skip(
+                        "unsupported_media",
+                        f"messages[{m}].content[{p}] is an audio part: audio is not packed "
+                        "yet, and without it the answer would train on sound never heard",
+                    )
                 else:
                     raise Skip(
                         "malformed_message",

@@ -181,6 +181,7 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(messages, list):
         raise Skip("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
+    _refuse_unpacked(data)
     names = _listed(data, messages, images, kind="image")
     video_names = _listed(data, messages, videos, kind="video")
     return {
@@ -191,6 +192,26 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         "video_names": video_names,
         "videos": videos,
     }
+
+
+def _refuse_unpacked(data: dict) -> None:
+    """Audio (``audios``) and ms-swift's grounding ``objects``: skipped, never packed as the
+    text left without them (an answer about a clip never heard, ``<bbox>`` trained as text).
+    ``<audio>`` in a document that lists no audio is text, as ``<video>`` is."""
+    audios = data.get("audios", data.get("audio"))
+    if audios:
+        listed = audios if isinstance(audios, list) else [audios]
+        raise Skip(
+            "unsupported_media",
+            f"the document lists {len(listed)} audio(s) ({brief(listed[0])}): audio is not "
+            "packed yet, and without it the answer would train on sound never heard",
+        )
+    if data.get("objects"):
+        raise Skip(
+            "unsupported_field",
+            "the document carries ms-swift's grounding 'objects' (filling <ref-object> / "
+            "<bbox>): not packed, the tags would train as literal text",
+        )
 
 
 def _from_value(turns: list) -> list:
