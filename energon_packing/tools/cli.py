@@ -16,10 +16,10 @@ from pathlib import Path
 import click
 
 from energon_packing import __version__
-from energon_packing.errors import describe
-from energon_packing.loader.loading import epoch
 from energon_packing.packing.algorithms import ALGORITHMS
-from energon_packing.schema import is_empty
+
+# Energon and torch are imported inside the commands that use them: `--help`, argument errors
+# and `convert` do not pay their ~2 s import
 
 __all__ = ["main"]
 
@@ -88,6 +88,8 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
                 repeat=False,
             )
     except Exception as e:  # Energon: bare AssertionError, TypeError, ModuleNotFoundError ...
+        from energon_packing.errors import describe
+
         why = " ".join(describe(e).split())  # one line, whatever Energon's message holds
         raise click.BadParameter(
             f"{meta / 'dataset.yaml'} does not load ({why}); fix it, or "
@@ -196,7 +198,9 @@ def demo(
         and (REPO_VIDEO_DATA / ".nv-meta").is_dir()
     ):
         videos = REPO_VIDEO_DATA
+    from energon_packing.loader.loading import epoch
     from energon_packing.packing import lower_bound
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import (
         format_paths,
@@ -272,6 +276,8 @@ def _demo_videos(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: 
     """The demo's video section: ``path`` packed through the real loader with the demo's
     knobs; what the packs hold, counted from the packs themselves, and a picture with the
     video tokens marked."""
+    from energon_packing.loader.loading import epoch
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import format_skipped, video_token_id
 
@@ -489,6 +495,8 @@ def preview(
     import itertools
 
     _quiet()
+    from energon_packing.loader.loading import epoch
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import describe, draw, pack_segments
     from energon_packing.tools.report import format_skipped, video_token_id
 
@@ -698,7 +706,10 @@ def _check_videos(path: Path, limit: int) -> list:
         start = time.perf_counter()
         found = scan_videos(path)
     except ImportError as e:  # PyAV: the [video] extra
-        click.echo(f"\nvideo headers not read ({e}); pip install 'energon-packing[video]'")
+        click.echo(
+            f"\nvideo headers not read ({e}); pip install 'av>=14' (the [video] extra: "
+            "pip install '.[video]' in the checkout, or the built wheel with [video])"
+        )
         return []
     if not found.videos:
         return []

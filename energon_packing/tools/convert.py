@@ -194,7 +194,9 @@ def _pyarrow() -> Any:
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(
-            "reading a Hugging Face dataset needs pyarrow: pip install 'energon_packing[datasets]'"
+            "reading a Hugging Face dataset needs pyarrow: pip install 'pyarrow>=14' (the "
+            "[datasets] extra: pip install '.[datasets]' in the checkout, or the wheel with "
+            "[datasets])"
         ) from None
     return pa, pq
 
