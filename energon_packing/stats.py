@@ -57,6 +57,8 @@ REASONS = {
     "too_many_turns": "more messages than max_turns (checked before tokenizing)",
     "text_too_long": "more characters than max_text_chars (checked before tokenizing)",
     "too_many_images": "more images than max_images",
+    "unsupported_media": "audio ('audios', audio parts): not packed yet, and the text without it would train on sound never heard",
+    "unsupported_field": "ms-swift grounding 'objects' (the <ref-object> / <bbox> tags they fill would train as text)",
     "template_error": "the processor's chat template refused the conversation (its message), or is not prefix-stable",
     # images
     "missing_image": "an image referenced or listed that the sample does not hold",

@@ -472,3 +472,32 @@ def test_check_reads_every_video_header(tmp_path):
     assert run("check", path, "--no-videos").exit_code == 0
     clean = run("check", SAMPLE_DATA / "video")
     assert clean.exit_code == 0 and "every header reads" in clean.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["stats", "--help"],
+        ["stats", "/nonexistent"],
+        ["convert", "a.jsonl", "out", "--columns", "conv=messages"],
+    ],
+)
+def test_help_and_argument_errors_import_neither_energon_nor_torch(tmp_path, argv):
+    """`--help` and argument errors answer in well under 0.5 s: they import no Energon (~2 s
+    with torch), which only the commands that load a dataset import."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    snippet = (
+        "import sys\n"
+        "from energon_packing.tools.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({'torch', 'megatron.energon', 'webdataset'} & set(sys.modules))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert run.stdout.strip().splitlines()[-1] == "HEAVY []", run.stdout + run.stderr

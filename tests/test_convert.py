@@ -201,7 +201,10 @@ def test_cli_counts_strict_and_refuses_a_non_empty_out(llava, tmp_path):
     assert (
         again.output.strip()
         .splitlines()[-1]
-        .endswith("exists and is not empty: convert writes a new dataset folder")
+        .endswith(
+            "exists and is not empty: convert writes a new dataset folder; pass --overwrite to "
+            "replace what an earlier convert wrote"
+        )
     )
     strict = runner.invoke(main, [*args[:2], str(tmp_path / "strict"), *args[3:], "--strict"])
     assert strict.exit_code == 1
@@ -742,10 +745,10 @@ def test_videos_missing_or_not_video_files_are_reported_with_id_and_path(tmp_pat
         },
     ]
     path = _jsonl(source / "videos.jsonl", records)
-    result = convert(source=path, out=tmp_path / "out", prepare=False)
+    result = convert(source=path, out=tmp_path / "out", prepare=False, min_converted=0)
     assert (result.converted, result.reported) == (
         1,
-        {"missing_video": 2, "unreadable_video": 3, "malformed_record": 2},
+        {"missing_video": 1, "remote_media": 1, "unreadable_video": 3, "malformed_record": 2},
     )
     report = _lines(tmp_path / "out" / REPORT_FILE)
     assert [(r["file"], r["index"], r["reason"]) for r in report] == [
@@ -753,7 +756,7 @@ def test_videos_missing_or_not_video_files_are_reported_with_id_and_path(tmp_pat
         ("videos.jsonl", 2, "unreadable_video"),
         ("videos.jsonl", 3, "unreadable_video"),
         ("videos.jsonl", 4, "unreadable_video"),
-        ("videos.jsonl", 5, "missing_video"),
+        ("videos.jsonl", 5, "remote_media"),
         ("videos.jsonl", 6, "malformed_record"),
         ("videos.jsonl", 7, "malformed_record"),
     ]
@@ -767,7 +770,10 @@ def test_videos_missing_or_not_video_files_are_reported_with_id_and_path(tmp_pat
     assert "Git LFS pointer" in details[1]
     assert details[2].startswith("video file 'clips/old.flv' (record id 'v3'): extension .flv")
     assert details[3].startswith("video file 'frames/v_1' (record id 'v4') is a folder (3 files)")
-    assert details[4].startswith("video file 'https://example.com/v.mp4' (record id 'v5') is a URL")
+    assert details[4].startswith(
+        "video https://example.com/v.mp4 (record id 'v5') is a URL: convert reads local files; "
+        f"download it under {source}"
+    )
     assert details[5] == (
         "2 <video> placeholder(s) for 1 video(s) (record id 'twice'); its <image> placeholders "
         "stand for its video (a LLaVA-Video record)"
@@ -776,9 +782,14 @@ def test_videos_missing_or_not_video_files_are_reported_with_id_and_path(tmp_pat
     _, members = _written(result)
     assert members["r000000000.vid0.mp4"] == clip
 
-    cli = CliRunner().invoke(main, ["convert", str(path), str(tmp_path / "cli"), "--strict"])
+    cli = CliRunner().invoke(
+        main, ["convert", str(path), str(tmp_path / "cli"), "--strict", "--min-converted", "0"]
+    )
     assert cli.exit_code == 1
-    assert "reported 7 (malformed_record 2, missing_video 2, unreadable_video 3)" in cli.output
+    assert (
+        "reported 7 (malformed_record 2, missing_video 1, remote_media 1, unreadable_video 3)"
+        in cli.output
+    )
 
 
 def test_dataset_video_entries_keep_their_bytes_and_name_their_container(tmp_path):

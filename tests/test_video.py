@@ -311,7 +311,12 @@ def test_without_pyav_a_video_is_an_unsupported_video_skip(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
-    with pytest.raises(VideoError, match=r"pip install 'energon-packing\[video\]'") as info:
+    # a hint one can follow: the package itself, or the extra of the checkout / wheel (the
+    # name 'energon-packing' is on no index)
+    with pytest.raises(
+        VideoError,
+        match=r"pip install 'av>=14' \(the \[video\] extra: pip install '\.\[video\]' in the checkout",
+    ) as info:
         probe((DATA / "h264_48x36_10fps_2s.mp4").read_bytes())
     assert info.value.reason == "unsupported_video"
 

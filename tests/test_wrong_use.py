@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,129 @@ def test_no_pin_memory_warning_on_a_cpu_machine():
     )
     assert run.returncode == 0, run.stderr
     assert "pin_memory" not in run.stderr
+
+
+# ---- convert (issue 31): a run that converts nothing says why in one line, exit 1 --------------
+
+_TURNS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+_WRONG_CONVERTS = {
+    "a JSON that is not a list": (
+        "data.json",
+        '"hello"',
+        [],
+        "Error: converted 0 of 1 records read (malformed_record 1); the first rejected, "
+        "data.json index 0, does not read (malformed_record: the file does not hold a JSON "
+        "list of records, nor objects). Only convert_report.jsonl",
+    ),
+    "the wrong --format": (
+        "data.jsonl",
+        {"messages": _TURNS},
+        ["--format", "alpaca"],
+        "the first rejected, data.jsonl index 0, has keys 'messages'; --format alpaca reads "
+        "'instruction' + 'output' (+ 'input', 'history', 'system'); --format auto reads 1 of "
+        "the first 1 rejected.",
+    ),
+    "a shape we do not read": (
+        "data.jsonl",
+        {"prompt": "hi", "chosen": "a", "rejected": "b"},
+        [],
+        "has keys 'prompt', 'chosen', 'rejected'; --format auto reads turns under "
+        "'conversations' / 'messages' / 'conversation', 'query' + 'response', 'instruction' + "
+        "'output', or 'texts' + 'images'; no other --format or --columns reads them.",
+    ),
+    "columns under other names": (
+        "data.jsonl",
+        {"dialogue": _TURNS, "pics": ["a.png"]},
+        [],
+        "has keys 'dialogue', 'pics'; --format auto reads turns under 'conversations' / "
+        "'messages' / 'conversation', 'query' + 'response', 'instruction' + 'output', or "
+        "'texts' + 'images'; --columns messages=dialogue,images=pics reads 1 of the first 1 "
+        "rejected.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_WRONG_CONVERTS))
+def test_a_convert_that_converts_nothing_says_why_in_one_line(tmp_path, case):
+    name, content, flags, expected = _WRONG_CONVERTS[case]
+    source = tmp_path / name
+    source.write_text(content if isinstance(content, str) else json.dumps(content) + "\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["convert", str(source), str(out), *flags])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    line = _last_line(result)
+    assert line.startswith("Error: converted 0 of 1 records read (malformed_record 1)")
+    assert expected in line
+    assert line.endswith(
+        f"Only convert_report.jsonl (every rejected record, its reason and keys) is left in {out}"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["convert_report.jsonl"]
+
+
+def test_an_out_a_failed_run_left_takes_the_rerun_and_a_good_one_needs_overwrite(tmp_path):
+    source = tmp_path / "data.jsonl"
+    source.write_text(json.dumps({"messages": _TURNS}) + "\n")
+    out = tmp_path / "out"
+    runner = CliRunner()
+    failed = runner.invoke(main, ["convert", str(source), str(out), "--format", "alpaca"])
+    assert failed.exit_code == 1
+    rerun = runner.invoke(main, ["convert", str(source), str(out)])  # no --overwrite needed
+    assert rerun.exit_code == 0, rerun.output
+    assert _last_line(rerun) == f"prepared: energon-packing stats {out}"
+    again = runner.invoke(main, ["convert", str(source), str(out)])
+    assert again.exit_code == 2
+    assert _last_line(again) == (
+        f"Error: {out} exists and is not empty: convert writes a new dataset folder; pass "
+        "--overwrite to replace what an earlier convert wrote"
+    )
+    assert runner.invoke(main, ["convert", str(source), str(out), "--overwrite"]).exit_code == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("mine")
+    refused = runner.invoke(main, ["convert", str(source), str(mine), "--overwrite"])
+    assert refused.exit_code == 2 and (mine / "thesis.tex").exists()
+    assert _last_line(refused) == (
+        f"Error: {mine} holds files convert does not write (thesis.tex): --overwrite replaces "
+        "only a folder an earlier convert wrote; choose another OUT"
+    )
+
+
+def test_far_less_converted_than_read_fails_unless_min_converted_allows_it(tmp_path):
+    source = tmp_path / "data.jsonl"
+    good, bad = {"messages": _TURNS}, {"messages": [{"role": "robot", "content": "beep"}]}
+    source.write_text("".join(json.dumps(r) + "\n" for r in [good, bad, bad, bad]))
+    runner = CliRunner()
+    result = runner.invoke(main, ["convert", str(source), str(tmp_path / "a")])
+    assert result.exit_code == 1
+    assert _last_line(result).startswith(
+        "Error: converted 1 of 4 records read, less than --min-converted 0.5 of them "
+        "(malformed_record 3); the first rejected, data.jsonl index 1, has keys 'messages' "
+        "(malformed_record: turn 0: the speaker is 'robot', not one of human, user, gpt, "
+        "assistant, system (name yours with --dataset-info's tags))"
+    )
+    assert _last_line(result).endswith("; --min-converted 0 keeps the records that convert")
+    kept = runner.invoke(
+        main, ["convert", str(source), str(tmp_path / "b"), "--min-converted", "0.25"]
+    )
+    assert kept.exit_code == 0 and "converted 1 records" in kept.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--columns", "conv=messages"], "--columns names 'conv', which is none of"),
+        (["--columns", "messages"], "--columns 'messages' is not NAME=KEY (e.g. messages=conv)"),
+        (["--dataset-info", "{info}"], "--dataset-info needs --dataset NAME"),
+        (["--dataset-info", "{info}", "--dataset", "nope"], "--dataset 'nope' is not in"),
+    ],
+)
+def test_convert_argument_errors_are_one_line(tmp_path, flags, expected):
+    source = tmp_path / "data.jsonl"
+    source.write_text(json.dumps({"messages": _TURNS}) + "\n")
+    info = tmp_path / "dataset_info.json"
+    info.write_text(json.dumps({"demo": {"file_name": "data.jsonl"}}))
+    flags = [f.format(info=info) for f in flags]
+    result = CliRunner().invoke(main, ["convert", str(source), str(tmp_path / "out"), *flags])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert expected in _last_line(result)
+    assert not (tmp_path / "out").exists()

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_LOSS_WEIGHT",
     "MIN_LOSS_WEIGHT",
     "ROLES",
+    "SPEAKER_ROLES",
     "VIDEO",
     "VIDEO_PLACEHOLDER",
     "WHOLE_MESSAGES",
@@ -55,6 +56,15 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant")
+#: LLaVA / ShareGPT speakers -> roles: the loader reads a document's LLaVA turns and
+#: ``energon-packing convert`` its records with this one mapping.
+SPEAKER_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 IMAGE, VIDEO = "image", "video"
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
@@ -219,6 +229,12 @@ def parse_turns(
                     pieces.append(_text(part["text"], m))
                 elif kind in refs and isinstance(part.get(kind, ""), str):
                     pieces.append(refs[kind].take(part.get(kind)))
+                elif kind in ("audio", "input_audio", "audio_url"):
+                    raise Skip(
+                        "unsupported_media",
+                        f"messages[{m}].content[{p}] is an audio part: audio is not packed "
+                        "yet, and without it the answer would train on sound never heard",
+                    )
                 else:
                     raise Skip(
                         "malformed_message",

@@ -35,7 +35,7 @@ import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from energon_packing.encoding.chat import Skip, brief, check_loss_weight
+from energon_packing.encoding.chat import SPEAKER_ROLES, Skip, brief, check_loss_weight
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
 from energon_packing.schema import Pack
@@ -181,6 +181,7 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(messages, list):
         raise Skip("missing_messages", f"'messages' is {type(messages).__name__}, not a list")
+    _refuse_unpacked(data)
     names = _listed(data, messages, images, kind="image")
     video_names = _listed(data, messages, videos, kind="video")
     return {
@@ -193,14 +194,24 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: LLaVA / ShareGPT speakers -> roles (``energon-packing convert`` maps them the same way)
-SPEAKER_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
+def _refuse_unpacked(data: dict) -> None:
+    """Audio (``audios``) and ms-swift's grounding ``objects``: skipped, never packed as the
+    text left without them (an answer about a clip never heard, ``<bbox>`` trained as text).
+    ``<audio>`` in a document that lists no audio is text, as ``<video>`` is."""
+    audios = data.get("audios", data.get("audio"))
+    if audios:
+        listed = audios if isinstance(audios, list) else [audios]
+        raise Skip(
+            "unsupported_media",
+            f"the document lists {len(listed)} audio(s) ({brief(listed[0])}): audio is not "
+            "packed yet, and without it the answer would train on sound never heard",
+        )
+    if data.get("objects"):
+        raise Skip(
+            "unsupported_field",
+            "the document carries ms-swift's grounding 'objects' (filling <ref-object> / "
+            "<bbox>): not packed, the tags would train as literal text",
+        )
 
 
 def _from_value(turns: list) -> list:

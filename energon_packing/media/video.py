@@ -86,7 +86,8 @@ def _open(data: bytes) -> Any:
     except ImportError:
         raise VideoError(
             "unsupported_video",
-            "PyAV is not installed: pip install 'energon-packing[video]' (the av package)",
+            "PyAV is not installed: pip install 'av>=14' (the [video] extra: pip install "
+            "'.[video]' in the checkout, or the built wheel with [video])",
         ) from None
     return av.open(io.BytesIO(data), options={"format_whitelist": DEMUXERS})
 

@@ -1,2 +1,3 @@
-"""Tooling (an extra: ``pip install energon_packing[tools]``): the ``energon-packing`` CLI,
-reports, pictures and the training bench. Never imported by the library."""
+"""Tooling (the ``[tools]`` extra: ``pip install '.[tools]'`` in the checkout): the
+``energon-packing`` CLI, reports, pictures and the training bench. Never imported by the
+library."""

@@ -16,10 +16,10 @@ from pathlib import Path
 import click
 
 from energon_packing import __version__
-from energon_packing.errors import describe
-from energon_packing.loader.loading import epoch
 from energon_packing.packing.algorithms import ALGORITHMS
-from energon_packing.schema import is_empty
+
+# Energon and torch are imported inside the commands that use them: `--help`, argument errors
+# and `convert` do not pay their ~2 s import
 
 __all__ = ["main"]
 
@@ -88,6 +88,8 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
                 repeat=False,
             )
     except Exception as e:  # Energon: bare AssertionError, TypeError, ModuleNotFoundError ...
+        from energon_packing.errors import describe
+
         why = " ".join(describe(e).split())  # one line, whatever Energon's message holds
         raise click.BadParameter(
             f"{meta / 'dataset.yaml'} does not load ({why}); fix it, or "
@@ -196,7 +198,9 @@ def demo(
         and (REPO_VIDEO_DATA / ".nv-meta").is_dir()
     ):
         videos = REPO_VIDEO_DATA
+    from energon_packing.loader.loading import epoch
     from energon_packing.packing import lower_bound
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import (
         format_paths,
@@ -272,6 +276,8 @@ def _demo_videos(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: 
     """The demo's video section: ``path`` packed through the real loader with the demo's
     knobs; what the packs hold, counted from the packs themselves, and a picture with the
     video tokens marked."""
+    from energon_packing.loader.loading import epoch
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import draw, pack_segments
     from energon_packing.tools.report import format_skipped, video_token_id
 
@@ -489,6 +495,8 @@ def preview(
     import itertools
 
     _quiet()
+    from energon_packing.loader.loading import epoch
+    from energon_packing.schema import is_empty
     from energon_packing.tools.picture import describe, draw, pack_segments
     from energon_packing.tools.report import format_skipped, video_token_id
 
@@ -698,7 +706,10 @@ def _check_videos(path: Path, limit: int) -> list:
         start = time.perf_counter()
         found = scan_videos(path)
     except ImportError as e:  # PyAV: the [video] extra
-        click.echo(f"\nvideo headers not read ({e}); pip install 'energon-packing[video]'")
+        click.echo(
+            f"\nvideo headers not read ({e}); pip install 'av>=14' (the [video] extra: "
+            "pip install '.[video]' in the checkout, or the built wheel with [video])"
+        )
         return []
     if not found.videos:
         return []
@@ -720,11 +731,25 @@ def _check_videos(path: Path, limit: int) -> list:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["auto", "llava", "sharegpt", "hf", "messages"]),
+    type=click.Choice(["auto", "llava", "sharegpt", "messages", "hf", "swift", "alpaca"]),
     default="auto",
     show_default=True,
     help="The records' format; auto decides record by record.",
 )
+@click.option(
+    "--columns",
+    default=None,
+    help="The record keys that hold what convert reads: messages=conv,images=imgs,... "
+    '(or ms-swift\'s JSON \'{"conv": "messages"}\').',
+)
+@click.option(
+    "--dataset-info",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="LLaMA-Factory's dataset_info.json: the --dataset entry's file_name (under SOURCE, "
+    "its dataset_dir), formatting, columns and tags.",
+)
+@click.option("--dataset", default=None, help="The entry of --dataset-info to convert.")
 @click.option(
     "--media-root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -745,35 +770,59 @@ def _check_videos(path: Path, limit: int) -> list:
     help="A source file (its path relative to SOURCE) whose records all go to val; repeatable.",
 )
 @click.option("--samples-per-shard", default=1000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--min-converted",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Fail (exit 1, one line saying why) when fewer of the records read convert.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace OUT when an earlier convert wrote it.")
 @click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")
 def convert_command(
     source: Path,
     out: Path,
     fmt: str,
+    columns,
+    dataset_info,
+    dataset,
     media_root,
     val_fraction,
     val_files,
     samples_per_shard,
+    min_converted,
+    overwrite,
     strict,
 ) -> None:
-    """Convert LLaVA / ShareGPT JSON, JSONL of messages or a Hugging Face dataset into prepared
-    Energon shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
-    record's key to OUT/convert_map.jsonl."""
-    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, convert
+    """Convert LLaVA / ShareGPT / InternVL JSON, messages JSONL (OpenAI, ms-swift,
+    LLaMA-Factory, Mantis, qwen-vl-utils, TRL) or a Hugging Face dataset into prepared Energon
+    shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
+    record's key to OUT/convert_map.jsonl. Exits 1 when nothing (or less than
+    --min-converted) converts, saying why."""
+    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
 
+    if dataset_info is not None and dataset is None:
+        raise click.UsageError("--dataset-info needs --dataset NAME (the entry to convert)")
     _quiet(progress=True)
     try:
         result = convert(
             source=source,
             out=out,
             format=fmt,
+            columns=columns,
+            dataset_info=dataset_info,
+            dataset=dataset,
             media_root=media_root,
             val_fraction=val_fraction,
             val_files=tuple(val_files),
             samples_per_shard=samples_per_shard,
+            min_converted=min_converted,
+            overwrite=overwrite,
             progress=True,
         )
-    except (FileExistsError, ValueError, ImportError) as e:
+    except ConvertError as e:
+        raise click.ClickException(str(e)) from None
+    except (FileExistsError, FileNotFoundError, ValueError, ImportError) as e:
         raise click.UsageError(" ".join(str(e).split())) from None
     reported = ", ".join(f"{reason} {n:,}" for reason, n in sorted(result.reported.items()))
     click.echo(
@@ -782,7 +831,6 @@ def convert_command(
         f"{result.total_reported:,}{f' ({reported})' if reported else ''} in "
         f"{out / REPORT_FILE}; keys in {out / MAP_FILE}"
     )
-    if result.converted:
-        click.echo(f"prepared: energon-packing stats {out}")
+    click.echo(f"prepared: energon-packing stats {out}")
     if strict and result.total_reported:
         raise SystemExit(1)
