@@ -27,7 +27,12 @@ from energon_packing.trainer import prepacked_microbatches
 transformers = pytest.importorskip("transformers")
 
 from energon_packing.testing import hf  # noqa: E402
-from energon_packing.testing.families import FAMILIES, IDEFICS3_ROW_COL, build  # noqa: E402
+from energon_packing.testing.families import (  # noqa: E402
+    FAMILIES,
+    IDEFICS3_ROW_COL,
+    MODELS,
+    build,
+)
 
 pytestmark = pytest.mark.energon
 
@@ -99,11 +104,11 @@ def concat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(padded)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, *MODELS])
 def test_a_family_through_its_processor_and_the_loader(family_dataset, family):
     processor, model, info = build(family)
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
-    assert te.chat.family_name == family
+    assert te.chat.family_name == info["family"]
     sources = worst = 0
     for batch in loader_batches(family_dataset, te, buffer=8):
         (mb,) = prepacked_microbatches(batch, pad_multiple=8)

@@ -21,7 +21,7 @@ from energon_packing.encoding.models import ModelInfo, processor_model_types
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "Family", "check_model", "family_of", "family_of_model"]
+__all__ = ["FAMILIES", "Family", "check_model", "family_of", "family_of_model", "family_table"]
 
 
 class _Shape:
@@ -273,3 +273,24 @@ def check_model(family: Family, processor_class: str, info: ModelInfo | None) ->
             f"load_processor(MODEL_DIR) from the directory that holds the model's config.json, "
             f"or pass model_type= (the model_type of that config.json)"
         )
+
+
+def family_table() -> str:
+    """The family table of ``docs/models.md``, from :data:`FAMILIES` (a test keeps them equal)."""
+
+    def code(names: tuple[str, ...]) -> str:
+        return ", ".join(f"`{n}`" for n in names) or "-"
+
+    rows = [
+        "| family | processor | model types packed exactly | only with `allow_stateful_layers` "
+        "| positions | videos | attention per conversation |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in FAMILIES:
+        rows.append(
+            f"| {f.name} | {code(f.classes)} | {code(f.model_types)} | "
+            f"{code(f.stateful_model_types)} | {'mRoPE (3 rows)' if f.mrope else '1-D'} | "
+            f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
+            f"{'causal, an image bidirectional' if f.image_blocks else 'causal'} |"
+        )
+    return "\n".join(rows)

@@ -33,7 +33,7 @@ from energon_packing.testing.templates import (
     chatml_interleaved,
 )
 
-__all__ = ["FAMILIES", "STATEFUL", "build", "make_tokenizer", "save_published"]
+__all__ = ["FAMILIES", "MODELS", "STATEFUL", "build", "make_tokenizer", "save_published"]
 
 FAMILIES = (
     "qwen2_vl",
@@ -161,6 +161,9 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
         )
         text["rope_parameters"]["rope_theta"] = 5000000.0
         vision.update(tower, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        if family == "qwen3_vl_moe":  # Qwen3-VL's processor and tower; a MoE text model
+            names = ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor")
+            text.update(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
         if family == "qwen3_5":  # Qwen3-VL's processor; a Gated DeltaNet layer, no deepstack
             names = ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor")
             del vision["deepstack_visual_indexes"]
@@ -187,10 +190,11 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
         chat_template=template,
     )
     processor.model_info = model_info(config, source=f"testing.families {family}")
+    info = {"family": "qwen3_vl" if family.startswith("qwen3_") else family}
     if not model:
-        return processor, None, {"family": family}
+        return processor, None, info
     torch.manual_seed(0)
-    return processor, model_cls(config).eval(), {"family": family}
+    return processor, model_cls(config).eval(), info
 
 
 def _gemma3(model: bool) -> tuple[Any, Any, dict]:
@@ -473,13 +477,15 @@ def _aya_vision(model: bool) -> tuple[Any, Any, dict]:
     return processor, AyaVisionForConditionalGeneration(config).eval(), info
 
 
+#: Other models of a family built here, packed exactly as that family (``info["family"]``).
+MODELS = ("qwen3_vl_moe",)
 #: Models built here that energon_packing refuses (their layers carry state along the row).
 STATEFUL = ("qwen3_5",)
 
 
 def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
-    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES` (or a refused model
-    of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
+    """``(processor, tiny model, info)`` of a family in :data:`FAMILIES` (or another model of
+    one, :data:`MODELS`, or a refused model of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
     None), much faster."""
     if family.startswith("qwen"):
         return _qwen(family, model)

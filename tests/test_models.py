@@ -226,3 +226,13 @@ def test_why_qwen3_5_is_refused_packed_conversations_leak(qwen3_5_batches):
     # the Gated DeltaNet state and conv window of the previous conversations (measured: up to
     # 0.04 on this pack)
     assert max(diffs[1:]) > 1e-2, diffs
+
+
+def test_the_docs_family_table_is_the_registry():
+    from helpers import REPO
+
+    from energon_packing.encoding.families import FAMILIES, family_table
+
+    page = (REPO / "docs" / "models.md").read_text()
+    assert family_table() in page, "docs/models.md's family table differs from family_table()"
+    assert all(f"| {f.name} |" in page for f in FAMILIES)
