@@ -432,6 +432,7 @@ MEDIA_TOKENS = {
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
     "idefics3": ["<fake_token_around_image>", "<image>", "<global-img>", *IDEFICS3_ROW_COL],
     "llava_onevision": ["<image>"],
+    "llava": ["<image>"],
     "llava_next": ["<image>"],
     "internvl": ["<img>", "<IMG_CONTEXT>", "</img>"],
     "aya_vision": ["<|START_OF_IMG|>", "<|IMG_PATCH|>", "<|END_OF_IMG|>"],

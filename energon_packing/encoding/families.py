@@ -104,6 +104,24 @@ def _llava_next_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> di
     }
 
 
+def _llava_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """LLaVA (1.5): every image resized and center-cropped to one side; its replacement reads
+    only the processed image's shape (a zero-copy view stands in for it)."""
+    image_processor = processor.image_processor
+    crop, size = image_processor.crop_size, image_processor.size
+    if getattr(image_processor, "do_center_crop", False) and crop:
+        side = (crop["height"], crop["width"])
+    elif "height" in size:
+        side = (size["height"], size["width"])
+    else:
+        raise ValueError(
+            f"{type(image_processor).__name__} without a center crop resizes by the shortest "
+            f"edge: its output size is not costed here (set do_center_crop=True, as published)"
+        )
+    shape = np.broadcast_to(np.zeros((), dtype=np.float32), (3, *side))
+    return {"pixel_values": [shape] * sum(len(s) for s in sizes)}
+
+
 def _tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     """InternVL's and Aya Vision's tiling (GOT-OCR2's image processor): tiles per image, with
     the processor's own image defaults (both crop to tiles)."""
@@ -205,6 +223,12 @@ FAMILIES: tuple[Family, ...] = (
         classes=("SmolVLMProcessor",),
         model_types=("smolvlm",),
         replacement_inputs=_idefics3_inputs,
+    ),
+    Family(
+        name="llava",
+        classes=("LlavaProcessor",),
+        model_types=("llava",),
+        replacement_inputs=_llava_inputs,
     ),
     Family(
         name="llava_next",

@@ -42,6 +42,7 @@ FAMILIES = (
     "gemma3",
     "idefics3",
     "llava_onevision",
+    "llava",
     "llava_next",
     "internvl",
     "aya_vision",
@@ -338,6 +339,41 @@ def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
     return processor, model, {"family": "llava_onevision"}
 
 
+def _llava(model: bool) -> tuple[Any, Any, dict]:
+    import torch
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, "<image>"], eos="<|im_end|>", pad="<|endoftext|>"
+    )
+    side, patch = 28, 7  # resized by the short edge, center-cropped: 4x4 = 16 features
+    processor = LlavaProcessor(
+        image_processor=LlavaImageProcessorPil(
+            size={"shortest_edge": side},
+            crop_size={"height": side, "width": side},
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        patch_size=patch,
+        vision_feature_select_strategy="full",
+        chat_template=chatml_interleaved("<image>"),
+    )
+    config = LlavaConfig(
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        vision_config=_tiny_siglip(image_size=side, patch_size=patch),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+    )
+    processor.model_info = model_info(config, source="testing.families llava")
+    if not model:
+        return processor, None, {"family": "llava"}
+    torch.manual_seed(0)
+    return processor, LlavaForConditionalGeneration(config).eval(), {"family": "llava"}
+
+
 def _llava_next(model: bool) -> tuple[Any, Any, dict]:
     import torch
     from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
@@ -493,6 +529,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "gemma3": _gemma3,
         "idefics3": _idefics3,
         "llava_onevision": _llava_onevision,
+        "llava": _llava,
         "llava_next": _llava_next,
         "internvl": _internvl,
         "aya_vision": _aya_vision,
