@@ -236,3 +236,18 @@ def test_the_docs_family_table_is_the_registry():
     page = (REPO / "docs" / "models.md").read_text()
     assert family_table() in page, "docs/models.md's family table differs from family_table()"
     assert all(f"| {f.name} |" in page for f in FAMILIES)
+
+
+def test_a_family_we_do_not_pack_is_refused_by_its_model_type():
+    from transformers import PaliGemmaProcessor
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tokenizer = make_tokenizer(extra=["<image>"], bos="<bos>", eos="<eos>", pad="<pad>")
+    processor = PaliGemmaProcessor(
+        image_processor=SiglipImageProcessorPil(size={"height": 28, "width": 28}),
+        tokenizer=tokenizer,
+        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    )
+    processor.model_info = ModelInfo(model_type="paligemma", source="its config.json")
+    with pytest.raises(ValueError, match=r"^model type 'paligemma' \(PaliGemmaProcessor\) is not"):
+        PackingTaskEncoder(max_input_seq_length=256, processor=processor)

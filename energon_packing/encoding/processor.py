@@ -56,6 +56,7 @@ from energon_packing.encoding.chat import (
     video_plans,
 )
 from energon_packing.encoding.families import FAMILIES, family_of
+from energon_packing.encoding.models import info_of
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
 from energon_packing.encoding.rendering import (
@@ -135,9 +136,11 @@ class ProcessorChat:
             )
         self.family = family_of(processor) if self.has_images else None
         if self.has_images and self.family is None:
+            model = info_of(processor)
+            named = f"model type {model.model_type!r} ({self.name})" if model else self.name
             raise ValueError(
-                f"{self.name} is not a processor family energon_packing can cost images for "
-                f"(known: {', '.join(f.name for f in FAMILIES)}); pass its tokenizer for "
+                f"{named} is not a model family energon_packing packs exactly (known: "
+                f"{', '.join(f.name for f in FAMILIES)}: docs/models.md); pass its tokenizer for "
                 f"text-only data"
             )
         self.family_name = self.family.name if self.family else "text"
