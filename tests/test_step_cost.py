@@ -336,3 +336,22 @@ def test_32_ranks_balance_the_whole_model_on_an_image_heavy_mix():
     assert mean <= 1.03 and p95 <= 1.06, spreads
     assert spreads[0, "total"][0] > 1.03  # the mix is one that needs balancing
     assert spreads[64, "vision"][0] - 1 < 0.5 * (spreads[0, "vision"][0] - 1), spreads
+
+
+def test_stats_reports_each_packs_cost_by_component():
+    """``energon-packing stats``'s cost line: the mean over packs of each component, whose
+    vision part is the encoder over every grid once (the packs hold every conversation)."""
+    from energon_packing.tools.report import Measured, format_pack_costs
+
+    model = step_cost_model(QWEN2_VL_7B)
+    grids = [[(1, 20, 30)], [], [(1, 40, 40), (4, 16, 16)], [(1, 8, 8)]]
+    lengths = [200, 700, 900, 40]
+    measured = Measured(
+        keys=list("abcd"), costs=lengths, lengths=lengths, skipped={}, capacity=1024, grids=grids
+    )
+    line = format_pack_costs(measured, model, buffer=8)
+    packs = 2  # 1,840 tokens in packs of 1,024
+    vision = model.vision_flops([g for conversation in grids for g in conversation])
+    assert f"vision {vision / packs / 1e12:,.1f} " in line
+    assert f"decoder linear {model.linear_flops(1024) / 1e12:,.1f} " in line
+    assert "Qwen2" not in line and "model_type='qwen2_vl'" in line

@@ -425,6 +425,7 @@ def stats(
         capacity_hint,
         format_skipped,
         format_table,
+        format_pack_costs,
         format_tokens,
         measure_costs,
         packing_table,
@@ -455,6 +456,7 @@ def stats(
     rows = packing_table(measured, algorithms=algorithms or ALGORITHMS, buffers=buffers)
     click.echo(format_table(rows))
     click.echo(recommend(rows))
+    click.echo(format_pack_costs(measured, te.cost_model, buffer=max(buffers or (256,))))
 
 
 @main.command()
