@@ -423,9 +423,9 @@ def stats(
     from energon_packing.packing import ALGORITHMS
     from energon_packing.tools.report import (
         capacity_hint,
+        format_pack_costs,
         format_skipped,
         format_table,
-        format_pack_costs,
         format_tokens,
         measure_costs,
         packing_table,
