@@ -86,7 +86,7 @@ def main() -> None:
     print(f"model: {model.describe()}")
     print(
         f"{'mix':<7}{'C':>6}{'W':>5} {'emission':<8}"
-        + "".join(f"{name + ' mean/p95':>17}" for name in ("model", "no-encoder", "attention"))
+        + "".join(f"{name + ' mean/p95':>17}" for name in ("model", "no-enc", "attention"))
         + f"{'vision mean/p95':>17}{'vis share':>10}{'packs/rank':>11}{'vs bound':>10}"
         f"{'lost':>6}{'s':>6}"
     )
@@ -114,10 +114,9 @@ def main() -> None:
                         steps=steps,
                         cost_model=target,
                     )
-                    cells = [spread(run.step_costs(model, part=part)) for part in PARTS]
-                    share = float(
-                        (run.step_costs(model, part="vision") / run.step_costs(model)).mean()
-                    )
+                    parts = run.step_parts(model)
+                    cells = [spread(parts[part]) for part in PARTS]
+                    share = float((parts["vision"] / parts["total"]).mean())
                     counts = run.counts
                     over = sum(counts) / run.bound() - 1
                     lost = "-"
@@ -149,7 +148,8 @@ def main() -> None:
         "\nemission: order = selection order (balance_window=0); decoder = balanced on the "
         "decoder alone (release 0.4); model = balanced on the whole model. Columns: max/mean "
         "across ranks of the modelled step cost, mean/p95 over steps: of the whole model, of "
-        "the decoder without the encoders, of attention alone, of the vision encoder alone. "
+        "the decoder without the encoders (no-enc), of attention alone, of the vision encoder "
+        "alone. "
         "vs bound: data packs against ceil(tokens / C). lost: conversations not in exactly one "
         "pack over one finite pass."
     )

@@ -74,22 +74,28 @@ class RankRun:
         and no attention or vision to speak of."""
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-        out = np.zeros((self.steps, len(self.packs)))
+        if model is None:
+            out = np.zeros((self.steps, len(self.packs)))
+            for r, packs in enumerate(self.packs):
+                for t in range(self.steps):
+                    pack = packs[t] if t < len(packs) else [1]
+                    out[t, r] = sum(length_of(c) ** 2 for c in pack)
+            return out
+        return self.step_parts(model)[part]
+
+    def step_parts(self, model: StepCostModel) -> dict[str, np.ndarray]:
+        """:meth:`step_costs` of every part of :data:`PARTS`, each pack priced once."""
+        out = {part: np.zeros((self.steps, len(self.packs))) for part in PARTS}
         for r, packs in enumerate(self.packs):
             for t in range(self.steps):
                 pack = packs[t] if t < len(packs) else [1]
                 lengths = [length_of(c) for c in pack]
-                if model is None:
-                    out[t, r] = sum(n * n for n in lengths)
-                    continue
                 grids = [g for c in pack for g in grids_of(c)]
                 cost = model.pack_cost(lengths, capacity=self.capacity, grids=grids)
-                out[t, r] = {
-                    "total": cost.total,
-                    "decoder": cost.decoder_linear + cost.attention,
-                    "attention": cost.attention,
-                    "vision": cost.vision,
-                }[part]
+                out["total"][t, r] = cost.total
+                out["decoder"][t, r] = cost.decoder_linear + cost.attention
+                out["attention"][t, r] = cost.attention
+                out["vision"][t, r] = cost.vision
         return out
 
     def packed(self) -> int:
