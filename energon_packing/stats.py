@@ -152,6 +152,12 @@ class PackingStats:
     carry_events: int = 0  # times a sample went back into the buffer
     carried_emitted: int = 0  # samples that left after waiting >= 1 extra round
     held_rounds_max: int = 0  # the longest wait, in select rounds
+    #: modelled training FLOPs of the packs emitted, by component (``StepCostModel``)
+    cost_decoder_linear: int = 0
+    cost_attention: int = 0
+    cost_vision: int = 0
+    #: the largest vision share of one pack's modelled cost so far
+    vision_share_max: float = 0.0
     worker: int = 0  # the loader worker these numbers belong to (within the rank)
     #: (key, reason) of every skip not yet handed to the trainer inside a batch
     events: list = field(default_factory=list)
@@ -169,11 +175,19 @@ class PackingStats:
         if len(keys) < KEYS_PER_REASON:
             keys.append(key)
 
-    def add_pack(self, *, sources: int, real_tokens: int, capacity: int) -> None:
+    def add_pack(self, *, sources: int, real_tokens: int, capacity: int, cost: Any = None) -> None:
+        """One emitted pack; ``cost``: its modelled cost by component (a ``PackCost``)."""
         self.packs += 1
         self.packed += sources
         self.real_tokens += real_tokens
         self.pack_tokens += capacity
+        if cost is not None:
+            self.cost_decoder_linear += cost.decoder_linear
+            self.cost_attention += cost.attention
+            self.cost_vision += cost.vision
+            total = cost.decoder_linear + cost.attention + cost.vision
+            if total:
+                self.vision_share_max = max(self.vision_share_max, cost.vision / total)
 
     def add_carry(self, *, carried: int, emitted_counts: list[int]) -> None:
         """One carry round: how many samples stayed, and the carry counts of those that left."""
@@ -207,6 +221,11 @@ class PackingStats:
             "packing/efficiency": self.efficiency,
             "packing/samples_per_pack": self.packed / self.packs if self.packs else 0.0,
         }
+        if self.cost_decoder_linear:  # TFLOPs: a float keeps them exact enough and loggable
+            out["packing/cost/decoder_linear_tflops"] = self.cost_decoder_linear / 1e12
+            out["packing/cost/attention_tflops"] = self.cost_attention / 1e12
+            out["packing/cost/vision_tflops"] = self.cost_vision / 1e12
+            out["packing/cost/vision_share_max"] = self.vision_share_max
         if self.carry_events:
             out["packing/carry/events"] = self.carry_events
             out["packing/carry/emitted_after_wait"] = self.carried_emitted
@@ -228,6 +247,9 @@ _SUMMED = (
     "pack_tokens",
     "carry/events",
     "carry/emitted_after_wait",
+    "cost/decoder_linear_tflops",
+    "cost/attention_tflops",
+    "cost/vision_tflops",
 )
 
 
@@ -262,7 +284,7 @@ class MetricsAggregator:
                 name = key.removeprefix("packing/")
                 if name in _SUMMED or name.startswith("skipped/"):
                     out[key] = out.get(key, 0) + value
-                elif name == "carry/held_rounds_max":
+                elif name in ("carry/held_rounds_max", "cost/vision_share_max"):
                     out[key] = max(out.get(key, 0), value)
         if out:
             out["packing/workers"] = len(self._latest)

@@ -98,6 +98,9 @@ class EncodedConversation(Sample):
     videos: list = dataclasses.field(default_factory=list)  # compressed bytes, in order
     #: each video's plan from its header (frames, grid, tokens), so it is not read again
     video_plans: list = dataclasses.field(default_factory=list)
+    #: each image's and video's grid ``(t, h, w)`` in patches, from headers (what balanced
+    #: emission prices its vision encoder by)
+    grids: list = dataclasses.field(default_factory=list)
 
 
 @edataclass

@@ -31,6 +31,7 @@ from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the o
 from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig, check_knobs_path
 from energon_packing.encoding import make_chat
 from energon_packing.encoding.chat import OverlongError, Skip
+from energon_packing.encoding.costs import cost_model_for, grids_from_tokens
 from energon_packing.errors import describe, quote
 from energon_packing.loader.energon import (
     SOURCE_DATASET,
@@ -53,7 +54,7 @@ from energon_packing.loader.samples import (
     cook_conversation,
 )
 from energon_packing.packing.algorithms import round_up, select_packs
-from energon_packing.packing.balance import StepCostModel
+from energon_packing.packing.balance import PackCost, StepCostModel
 from energon_packing.packing.carry import Selection
 from energon_packing.schema import (
     PACKING_BUFFER_FIX,
@@ -146,9 +147,18 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         # not apply to this path is named before any conflict it has with another
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
-        self._cost_model = StepCostModel()  # a 7B's; see its docstring for why no knob
         self.chat = make_chat(
             tokenizer=tokenizer, processor=processor, config=self.config, videos=self._video_side
+        )
+        vision = self.config.vision
+        #: what balanced emission and the pack accounting price a pack with: the model's own
+        #: sizes where its config is found (``energon_packing.encoding.costs``); assign another
+        #: :class:`StepCostModel` before the loader is built to override it
+        self.cost_model: StepCostModel = cost_model_for(
+            processor if processor is not None else tokenizer,
+            model_type=self.config.model_type,
+            patch_size=vision.patch_size,
+            merge_size=vision.merge_size,
         )
         #: the built-in layout's tokenizer (None on a processor path)
         self.tokenizer = self.chat.tokenizer if processor is None else None
@@ -242,9 +252,26 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
             videos=[sample.videos[sample.video_names[i]] for i in encoding.video_order],
             video_plans=encoding.video_plans,
+            grids=self._grids(encoding),
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
         )
+
+    def _grids(self, encoding: Any) -> list:
+        """Each image's and video's grid, from headers: the built-in layout's image grids, a
+        processor's as its image tokens imply them (:func:`grids_from_tokens`), the videos'
+        from their plans. Empty where the model's vision encoder is not priced."""
+        tower = self.cost_model.vision
+        if tower is None:
+            return []
+        images = getattr(encoding, "grids", None)  # the built-in layout's
+        if images is None and encoding.image_order and self.image_token_id is not None:
+            images = grids_from_tokens(
+                encoding.input_ids,
+                token_id=self.image_token_id,
+                merge_size=tower.spatial_merge_size,
+            )
+        return [*(tuple(g) for g in images or ()), *(tuple(p.grid) for p in encoding.video_plans)]
 
     def select_samples_to_pack(self, samples: list[EncodedConversation]) -> list:
         """Groups the buffer with :func:`energon_packing.packing.select_packs`; every sample
@@ -284,10 +311,26 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return selection
 
     def pack_cost(self, samples: list[EncodedConversation]) -> int:
-        """Training FLOPs of a group as a pack (:class:`StepCostModel`), for balanced
-        emission."""
-        return self._cost_model.pack_flops(
-            [s.length for s in samples], capacity=self.config.max_input_seq_length
+        """Training FLOPs of a group as a pack (:attr:`cost_model`: decoder and vision
+        encoder), for balanced emission."""
+        return self.cost_model.pack_flops(
+            [s.length for s in samples],
+            capacity=self.config.max_input_seq_length,
+            grids=[g for s in samples for g in getattr(s, "grids", ())],
+        )
+
+    def emitted_cost(self, pack: Pack) -> PackCost:
+        """A laid-out pack's modelled cost by component, from its own ``cu_seqlens`` and media
+        grids (``image_grid_thw``, ``video_grid_thw``)."""
+        bounds = pack.cu_seqlens.tolist()
+        grids = [
+            row
+            for name in ("image_grid_thw", "video_grid_thw")
+            if name in pack.media
+            for row in np.asarray(pack.media[name]).reshape(-1, 3).tolist()
+        ]
+        return self.cost_model.pack_cost(
+            [b - a for a, b in zip(bounds, bounds[1:])], capacity=pack.width, grids=grids
         )
 
     def build_train_datasets(self, **kwargs: Any) -> Any:
@@ -412,7 +455,12 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             raise SkipSample() from None
         self._errors_in_a_row = 0
         self._landed += len(sources)
-        self.stats.add_pack(sources=len(sources), real_tokens=pack.real_tokens, capacity=pack.width)
+        self.stats.add_pack(
+            sources=len(sources),
+            real_tokens=pack.real_tokens,
+            capacity=pack.width,
+            cost=self.emitted_cost(pack),
+        )
         return PackedSample(
             __key__="+".join(pack.source_ids),
             __restore_key__=(),

@@ -14,6 +14,7 @@ buffer loop (:class:`~energon_packing.packing.stream.PackingLoop`) as the Energo
 from __future__ import annotations
 
 import bisect
+import itertools
 import numbers
 import random
 import zlib
@@ -21,7 +22,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 from energon_packing.packing import kernels
-from energon_packing.packing.balance import StepCostModel
+from energon_packing.packing.balance import Grid, StepCostModel
 from energon_packing.packing.carry import CarryPolicy, Selection, emit_all, split
 from energon_packing.packing.stream import ListBuffer, LoopState, PackingLoop
 from energon_packing.packing.subset_fill import subset_fill
@@ -298,6 +299,7 @@ def pack_stream(
     delta: int = 0,
     balance_window: int = 0,
     cost_model: StepCostModel | None = None,
+    grids: Iterable[Sequence[Grid]] | None = None,
 ) -> Iterator[list[int]]:
     """Packs a stream through a buffer of ``buffer_size`` samples, as the loader does.
 
@@ -306,7 +308,8 @@ def pack_stream(
     samples of under-full packs in the buffer for the next round; the buffer never exceeds
     ``buffer_size`` and everything left is flushed at the end of the stream.
     ``balance_window=W`` reorders the packs as the loader's balanced emission does, targeting
-    ``cost_model``'s pack FLOPs (default: a 7B's).
+    ``cost_model``'s pack FLOPs (default: a 7B decoder's); ``grids`` (aligned with ``lengths``:
+    each conversation's image and video grids) adds what its vision encoder costs.
 
     Yields:
         Packs as lists of indices into the stream.
@@ -323,10 +326,14 @@ def pack_stream(
     policy = CarryPolicy() if carry is True else (carry or None)
     model = cost_model or StepCostModel()
     sizes: list[int] = []  # by stream position
+    vision: list[int] = []  # each conversation's vision FLOPs, by stream position
+    media = grids if grids is not None else itertools.repeat(())
 
     def positions() -> Iterator[int]:
-        for position, length in enumerate(lengths):
+        for position, (length, conversation) in enumerate(zip(lengths, media)):
             sizes.append(check_length(position, length, capacity))
+            if balance_window:
+                vision.append(model.vision_flops(conversation))
             yield position
 
     def select(buffered: list[int], counts: list[int], final: bool) -> Selection:
@@ -346,7 +353,10 @@ def pack_stream(
     loop = PackingLoop(
         buffer_size=buffer_size,
         select=select,
-        pack_cost=lambda group: model.pack_flops([sizes[i] for i in group], capacity=capacity),
+        pack_cost=lambda group: (
+            model.pack_flops([sizes[i] for i in group], capacity=capacity)
+            + sum(vision[i] for i in group)
+        ),
         balance_window=balance_window,
         balance_seed=seed,
     )

@@ -429,6 +429,7 @@ def stats(
     from energon_packing.packing import ALGORITHMS
     from energon_packing.tools.report import (
         capacity_hint,
+        format_pack_costs,
         format_skipped,
         format_table,
         format_tokens,
@@ -461,6 +462,7 @@ def stats(
     rows = packing_table(measured, algorithms=algorithms or ALGORITHMS, buffers=buffers)
     click.echo(format_table(rows))
     click.echo(recommend(rows))
+    click.echo(format_pack_costs(measured, te.cost_model, buffer=max(buffers or (256,))))
 
 
 @main.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "Row",
     "capacity_hint",
     "format_nothing_packed",
+    "format_pack_costs",
     "format_paths",
     "format_scan",
     "format_skipped",
@@ -62,6 +63,8 @@ class Measured:
     video_tokens: int | None = None
     videos: int = 0  # video clips
     with_videos: int = 0  # conversations with at least one video
+    #: each conversation's image and video grids (empty where no vision encoder is priced)
+    grids: list = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,7 +106,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
 
     from energon_packing.loader.loading import epoch
 
-    keys, costs, lengths = [], [], []
+    keys, costs, lengths, grids = [], [], [], []
     image_id, video_id = task_encoder.image_token_id, video_token_id(task_encoder)
     image_tokens = video_tokens = videos = with_videos = 0
     samples: Iterable = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
@@ -121,6 +124,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         keys.append(sample.__key__)
         costs.append(sample.cost)
         lengths.append(sample.length)
+        grids.append(list(sample.grids))
         ids = np.asarray(sample.input_ids)
         if image_id is not None:
             image_tokens += int(np.count_nonzero(ids == image_id))
@@ -139,6 +143,38 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         video_tokens=video_tokens if video_id is not None else None,
         videos=videos,
         with_videos=with_videos,
+        grids=grids,
+    )
+
+
+def format_pack_costs(measured: Measured, cost_model: Any, *, buffer: int) -> str:
+    """Each pack's modelled training cost by component (``cost_model``, a ``StepCostModel``)
+    for the default algorithm with carry at ``buffer``: mean and max over the packs, in TFLOPs,
+    and each component's share of the mean."""
+    capacity = measured.capacity
+    grids = measured.grids or [[] for _ in measured.costs]
+    parts: dict[str, list[int]] = {"decoder linear": [], "attention": [], "vision": []}
+    for group in pack_stream(measured.costs, capacity, buffer_size=buffer, carry=True):
+        cost = cost_model.pack_cost(
+            [measured.lengths[i] for i in group],
+            capacity=capacity,
+            grids=[g for i in group for g in grids[i]],
+        )
+        parts["decoder linear"].append(cost.decoder_linear)
+        parts["attention"].append(cost.attention)
+        parts["vision"].append(cost.vision)
+    count = len(parts["vision"])
+    if not count:
+        return "modelled cost per pack: no packs"
+    total = sum(sum(values) for values in parts.values()) / count
+    cells = ", ".join(
+        f"{name} {sum(v) / count / 1e12:,.1f} (max {max(v) / 1e12:,.1f}, "
+        f"{100 * sum(v) / count / total:.0f}%)"
+        for name, v in parts.items()
+    )
+    return (
+        f"modelled training cost per pack, TFLOPs, mean (max, share), packing_buffer_size="
+        f"{buffer}: {cells}; for {cost_model.describe()}"
     )
 
 

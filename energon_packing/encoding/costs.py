@@ -1,0 +1,288 @@
+"""A model's sizes, read for the step-cost model that balanced emission targets.
+
+:class:`~energon_packing.packing.balance.StepCostModel` prices a pack as the decoder's linear
+layers, its causal attention and the vision encoder over the pack's image and video grids.
+This module reads those sizes from a model's ``config.json`` (or a ``transformers`` config,
+or the dict of one)::
+
+    step_cost_model("/models/Qwen2.5-VL-7B-Instruct")   # decoder 28 x 3584, vision 32 x 1280
+    cost_model_for(processor, model_type=None)          # what the task encoder uses
+
+The packing core stays pure: it receives the sizes, never a config. Vision towers are read
+for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
+Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers); another family's
+encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
+model type.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
+
+__all__ = [
+    "DEFAULT_TOWER",
+    "cost_model_for",
+    "default_cost_model",
+    "find_model_config",
+    "grids_from_tokens",
+    "step_cost_model",
+    "vision_tower",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Qwen2-VL-7B's vision encoder: what the built-in layout's images (Qwen2-VL's pipeline) feed
+#: when no model is named.
+DEFAULT_TOWER = {"depth": 32, "hidden_size": 1280, "intermediate_size": 5120}
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    return default if value is None else value
+
+
+def _as_dict(config: Any) -> dict:
+    """A ``transformers`` config (``to_dict``), a mapping, or a path's ``config.json``."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if isinstance(config, (str, Path)):
+        file = Path(config)
+        file = file / "config.json" if file.is_dir() else file
+        try:
+            raw = json.loads(file.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{file}: not a readable JSON model config ({e})") from e
+        if not isinstance(raw, dict):
+            raise ValueError(f"{file}: a model config is a JSON object, not {type(raw).__name__}")
+        return raw
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(
+        f"a model config is a transformers config, a dict or a path, not {type(config).__name__}"
+    )
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)) and value:  # patch_size as [h, w]
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(config: dict) -> dict:
+    """The decoder's fields: ``text_config`` (or ``llm_config``) where it holds them, else the
+    top level (Qwen2-VL's published ``config.json``)."""
+    for name in ("text_config", "llm_config"):
+        nested = config.get(name)
+        if isinstance(nested, Mapping) and _int(nested.get("hidden_size")):
+            return dict(nested)
+    return config
+
+
+def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
+    """The vision encoder of a model config (its ``vision_config``), or None where it has none
+    or is of a family whose packs carry no grids (logged)."""
+    raw = _as_dict(config)
+    vision = raw.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return None
+    kind = str(model_type or raw.get("model_type") or vision.get("model_type") or "")
+    merge = _int(vision.get("spatial_merge_size"))
+    depth = _int(vision.get("depth"))
+    if not merge or not depth:
+        logger.info(
+            "model type %r: its vision encoder is not priced (only the Qwen-VL families' packs "
+            "carry image / video grids); balancing counts the decoder alone",
+            kind,
+        )
+        return None
+    # Qwen2-VL: width embed_dim, hidden_size is the merger's output; later: hidden_size
+    width = _int(vision.get("embed_dim")) or _int(vision.get("hidden_size"))
+    out = _int(vision.get("out_hidden_size"))
+    if out is None:
+        out = _int(vision.get("hidden_size")) if vision.get("embed_dim") else None
+    out = out or _int(_text(raw).get("hidden_size")) or width
+    mlp = _int(vision.get("intermediate_size"))
+    if mlp is None and width:
+        mlp = int(width * float(vision.get("mlp_ratio", 4)))
+    if not width or not mlp:
+        raise ValueError(
+            f"model type {kind!r}: vision_config gives depth {depth} and merge size {merge} but "
+            f"no width (embed_dim or hidden_size) or MLP width (intermediate_size or mlp_ratio)"
+        )
+    patch = _int(vision.get("patch_size")) or _int(vision.get("spatial_patch_size")) or 14
+    window = 0
+    full: tuple[int, ...] = ()
+    if _int(vision.get("window_size")) and vision.get("fullatt_block_indexes") is not None:
+        window = int(vision["window_size"]) // merge // patch  # pixels -> merged tokens
+        full = tuple(int(i) for i in vision["fullatt_block_indexes"])
+    return VisionTower(
+        depth=depth,
+        hidden_size=width,
+        intermediate_size=mlp,
+        gated_mlp="qwen2_5" in kind,  # Qwen2.5-VL: gate/up/down; Qwen2-VL, Qwen3-VL: fc1/fc2
+        out_hidden_size=out,
+        patch_size=patch,
+        temporal_patch_size=_int(vision.get("temporal_patch_size")) or 2,
+        spatial_merge_size=merge,
+        in_channels=_int(vision.get("in_channels")) or _int(vision.get("in_chans")) or 3,
+        window_size=window,
+        full_attention_layers=full,
+        mergers=1 + len(vision.get("deepstack_visual_indexes") or ()),
+    )
+
+
+def step_cost_model(config: Any, *, source: str = "") -> StepCostModel:
+    """The step-cost model of a model: its decoder and vision encoder, from its config.
+
+    Args:
+        config: A ``transformers`` config, the dict of a ``config.json``, or the path of one
+            (or of the directory holding it).
+        source: Where it came from, for messages (default: the path, or the model type).
+
+    Raises:
+        ValueError: the config names no decoder size (``hidden_size``, ``num_hidden_layers``).
+    """
+    raw = _as_dict(config)
+    kind = str(raw.get("model_type") or "")
+    if not source:
+        source = str(config) if isinstance(config, (str, Path)) else f"model_type={kind!r}"
+    text = _text(raw)
+    hidden, layers = _int(text.get("hidden_size")), _int(text.get("num_hidden_layers"))
+    if not hidden or not layers:
+        raise ValueError(
+            f"{source}: no decoder size (hidden_size {hidden}, num_hidden_layers {layers}, at the "
+            f"top level or in text_config); pass the model's own config.json"
+        )
+    heads = _int(text.get("num_attention_heads"))
+    head_dim = _int(text.get("head_dim")) or (hidden // heads if heads else None)
+    kv_heads = _int(text.get("num_key_value_heads")) or heads
+    mlp = _int(text.get("intermediate_size"))
+    experts = _int(text.get("num_experts_per_tok"))
+    if experts and _int(text.get("moe_intermediate_size")):  # the experts a token runs through
+        mlp = experts * int(text["moe_intermediate_size"])
+        mlp += _int(text.get("shared_expert_intermediate_size")) or 0
+    return StepCostModel(
+        hidden_size=hidden,
+        num_layers=layers,
+        intermediate_size=mlp,
+        attention_size=heads * head_dim if heads and head_dim else None,
+        kv_size=kv_heads * head_dim if kv_heads and head_dim else None,
+        vocab_size=_int(text.get("vocab_size")) or _int(raw.get("vocab_size")) or 0,
+        vision=vision_tower(raw, model_type=kind),
+        source=source,
+    )
+
+
+def default_cost_model(*, patch_size: int = 14, merge_size: int = 2) -> StepCostModel:
+    """For a model nobody named: a 7B decoder (h=4096, 32 layers) and Qwen2-VL-7B's vision
+    encoder at the layout's patch and merge sizes (the built-in layout is Qwen2-VL's)."""
+    return StepCostModel(
+        vision=VisionTower(
+            **DEFAULT_TOWER,
+            out_hidden_size=4096,
+            patch_size=patch_size,
+            spatial_merge_size=merge_size,
+        )
+    )
+
+
+def find_model_config(source: Any) -> Path | None:
+    """The ``config.json`` of what a processor or tokenizer was loaded from (a local directory,
+    or the Hugging Face cache of the hub id it names; never the network), or None."""
+    if isinstance(source, (str, Path)):
+        names = [str(source)]
+    else:
+        tokenizer = getattr(source, "tokenizer", None) or source
+        names = [
+            getattr(tokenizer, "name_or_path", None),
+            getattr(source, "name_or_path", None),
+            getattr(getattr(source, "model_info", None), "source", None),
+        ]
+    for name in names:
+        if not isinstance(name, str) or not name:
+            continue
+        path = Path(name)
+        if path.name == "config.json" and path.is_file():
+            return path
+        if (path / "config.json").is_file():
+            return path / "config.json"
+    for name in names:
+        if isinstance(name, str) and name.count("/") == 1 and not Path(name).exists():
+            try:  # a hub id: its cached snapshot
+                from huggingface_hub import try_to_load_from_cache
+
+                cached = try_to_load_from_cache(name, "config.json")
+            except Exception:
+                continue
+            if isinstance(cached, str):
+                return Path(cached)
+    return None
+
+
+def cost_model_for(
+    source: Any, *, model_type: str | None = None, patch_size: int = 14, merge_size: int = 2
+) -> StepCostModel:
+    """What balanced emission prices packs with: the model ``source`` (a processor, a
+    tokenizer, or a local path) was saved with, else the default sizes of ``model_type``
+    (``transformers``'), else :func:`default_cost_model` (logged: nothing named the model).
+
+    A ``config.json`` that is there but unreadable raises; a config that names no decoder size
+    falls through to the next rule."""
+    found = find_model_config(source) if source is not None else None
+    if found is not None:
+        try:
+            model = step_cost_model(found)
+        except ValueError as e:
+            logger.info("%s; trying the next rule", e)
+        else:
+            logger.info("balanced emission prices packs for %s", model.describe())
+            return model
+    if model_type:
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(model_type)
+        source_text = f"model_type={model_type!r} (transformers' default sizes)"
+        model = step_cost_model(config, source=source_text)
+        logger.info("balanced emission prices packs for %s", model.describe())
+        return model
+    model = default_cost_model(patch_size=patch_size, merge_size=merge_size)
+    logger.info(
+        "no model config found beside the tokenizer or processor and no model_type: balanced "
+        "emission prices packs for %s",
+        model.describe(),
+    )
+    return model
+
+
+def grids_from_tokens(
+    input_ids: Sequence[int] | Any, *, token_id: int, merge_size: int
+) -> list[Grid]:
+    """Each image's grid as its tokens imply it: one run of ``token_id`` of ``n`` tokens is
+    ``n * merge_size**2`` patches in one slice (exact for the patch count, hence for linear
+    layers and full attention); its shape, which only windowed attention reads, is taken as
+    the most nearly square ``a x b = n`` merged tokens."""
+    import numpy as np
+
+    ids = np.asarray(input_ids)
+    hits = np.flatnonzero(ids == token_id)
+    if not len(hits):
+        return []
+    breaks = np.flatnonzero(np.diff(hits) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks + 1, [len(hits)]))
+    grids = []
+    for n in (ends - starts).tolist():
+        a = next(d for d in range(math.isqrt(n), 0, -1) if n % d == 0)
+        grids.append((1, a * merge_size, n // a * merge_size))
+    return grids

@@ -1,0 +1,357 @@
+"""The whole model's step cost (issue 34 item 1): the vision encoder priced from a pack's own
+grids and the model's config, counted here by hand; the sizes read from configs; balanced
+emission over an image-heavy mix at 32 ranks within the issue's targets."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from energon_packing.encoding.costs import (
+    cost_model_for,
+    grids_from_tokens,
+    step_cost_model,
+    vision_tower,
+)
+from energon_packing.packing.balance import StepCostModel, VisionTower
+from energon_packing.testing.ranks import simulate_ranks, split_ranks
+
+#: Qwen2-VL-7B-Instruct's published config.json (the fields the cost model reads)
+QWEN2_VL_7B = {
+    "model_type": "qwen2_vl",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "vision_config": {
+        "depth": 32,
+        "embed_dim": 1280,
+        "mlp_ratio": 4,
+        "num_heads": 16,
+        "in_chans": 3,
+        "hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+#: Qwen2.5-VL-7B-Instruct's
+QWEN2_5_VL_7B = {
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "vision_config": {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+    },
+}
+
+
+# ---- the vision encoder, counted by hand -----------------------------------------------------
+
+
+def test_a_qwen2_vl_encoder_costs_what_its_grids_count_by_hand():
+    """Qwen2-VL: plain MLP (fc1/fc2), every layer full attention within each temporal slice."""
+    tower = VisionTower(
+        depth=2,
+        hidden_size=8,
+        intermediate_size=32,
+        out_hidden_size=16,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    model = StepCostModel(hidden_size=4, num_layers=1, vision=tower)
+    image, video = (1, 4, 6), (3, 2, 4)  # 24 patches in 1 slice; 24 patches in 3 slices of 8
+    # image: patch embedding 2 * 24 patches * (3 channels * 2 frames * 14 * 14) * 8
+    embed = 2 * 24 * (3 * 2 * 14 * 14) * 8  # 451,584
+    # per layer: 2 * 24 * (QKV + output 4*8*8 + fc1, fc2 2*8*32), two layers
+    linear = 2 * (2 * 24 * (4 * 8 * 8 + 2 * 8 * 32))  # 73,728
+    # per layer: QK^T and PV, 2*S*S*d each, over one sequence of 24 patches
+    attention = 2 * (4 * 8 * 24 * 24)  # 36,864
+    # merger: 24/4 = 6 tokens through Linear(32, 32) and Linear(32, 16)
+    merger = 2 * 6 * (32 * 32 + 32 * 16)  # 18,432
+    image_forward = embed + linear + attention + merger
+    assert image_forward == 580_608
+    # video: as the image but attention over 3 slices of 2*4 = 8 patches
+    video_forward = embed + linear + 2 * (4 * 8 * 3 * 8 * 8) + merger
+    assert tower.grid_flops(image) == image_forward
+    assert tower.grid_flops(video) == video_forward
+    cost = model.pack_cost([40, 30], capacity=80, grids=[image, video])
+    assert cost.vision == 3 * (image_forward + video_forward)  # trained: forward + backward
+    assert cost.total == model.pack_flops([40, 30], capacity=80, grids=[image, video])
+    frozen = StepCostModel(hidden_size=4, num_layers=1, vision=tower, train_vision=False)
+    assert frozen.vision_flops([image]) == image_forward
+
+
+def test_a_qwen2_5_vl_encoder_counts_its_windows_by_hand():
+    """Qwen2.5-VL: gated MLP, windows of 4x4 merged tokens in all layers but the full ones."""
+    tower = VisionTower(
+        depth=4,
+        hidden_size=8,
+        intermediate_size=12,
+        gated_mlp=True,
+        out_hidden_size=16,
+        window_size=4,  # 112 px / 14 px / merge 2
+        full_attention_layers=(3,),
+    )
+    grid = (2, 12, 20)  # 2 slices of 12 x 20 patches = 6 x 10 merged tokens; 480 patches
+    # windows of a slice: rows of 4 and 2 merged tokens, columns of 4, 4 and 2; a window of
+    # r x c merged tokens holds r*c*4 patches
+    windows = [4 * 4 * 4, 4 * 4 * 4, 4 * 2 * 4, 2 * 4 * 4, 2 * 4 * 4, 2 * 2 * 4]
+    assert sum(windows) == 240  # every patch of the slice in one window
+    window_squares = 2 * sum(n * n for n in windows)  # two slices: 2 * 11,520
+    full_squares = 2 * 240 * 240  # two slices of 240 patches
+    embed = 2 * 480 * (3 * 2 * 14 * 14) * 8
+    linear = 4 * (2 * 480 * (4 * 8 * 8 + 3 * 8 * 12))  # gate, up, down: 3 matrices
+    attention = 4 * 8 * (1 * full_squares + 3 * window_squares)  # 1 full layer, 3 windowed
+    merger = 2 * (480 // 4) * (32 * 32 + 32 * 16)
+    assert tower.grid_flops(grid) == embed + linear + attention + merger == 17_387_520
+
+
+FIELDS = dict(
+    depth=2,
+    hidden_size=8,
+    intermediate_size=8,
+    out_hidden_size=8,
+    window_size=4,
+    full_attention_layers=(1,),
+)
+
+
+def test_windows_are_the_ones_transformers_attends_within():
+    """The sum of squared window lengths equals the one of transformers' own window index
+    (``cu_window_seqlens``) for grids whose sides are and are not multiples of a window."""
+    torch = pytest.importorskip("torch")
+    vision_utils = pytest.importorskip("transformers.vision_utils")
+    tower = VisionTower(**FIELDS)
+    for grid in [(1, 8, 8), (1, 12, 20), (2, 6, 30), (3, 34, 18), (1, 2, 2)]:
+        _, cu = vision_utils.get_vision_window_index(
+            torch.tensor([grid]), spatial_merge_size=2, window_size=112, patch_size=14
+        )
+        lengths = torch.diff(cu.to(torch.int64))  # empty padding windows: 0, squared 0
+        assert tower.window_squares(grid) == int((lengths**2).sum()), grid
+    assert VisionTower(**{**FIELDS, "window_size": 0}).window_squares((1, 8, 8)) == 0
+
+
+# ---- sizes from configs ------------------------------------------------------------------------
+
+
+def test_the_sizes_come_from_the_published_configs():
+    qwen2 = step_cost_model(QWEN2_VL_7B)
+    assert (qwen2.hidden_size, qwen2.num_layers, qwen2.ffn_hidden_size) == (3584, 28, 18944)
+    assert (qwen2.attention_size, qwen2.kv_size, qwen2.vocab_size) == (3584, 512, 152064)
+    tower = qwen2.vision
+    assert (tower.depth, tower.hidden_size, tower.intermediate_size) == (32, 1280, 5120)
+    assert (tower.out_hidden_size, tower.gated_mlp, tower.window_size) == (3584, False, 0)
+    # the issue's numbers: an LLM image token (4 patches) ~5 GFLOPs forward, a decoder
+    # token ~14 GFLOPs
+    assert 5.0e9 < tower.grid_flops((1, 2, 2)) < 5.3e9
+    assert 13.9e9 < qwen2.linear_flops(1) / 3 < 14.3e9
+    qwen25 = step_cost_model(QWEN2_5_VL_7B).vision
+    assert (qwen25.hidden_size, qwen25.intermediate_size, qwen25.gated_mlp) == (1280, 3420, True)
+    assert (qwen25.window_size, qwen25.full_attention_layers) == (4, (7, 15, 23, 31))
+    assert qwen25.windowed_layers == 28
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_transformers_configs_are_read_as_the_model_builds_itself(family):
+    """A ``transformers`` config object: the tower's depth, width and MLP width are those of
+    the modules the model builds (counted from its parameters)."""
+    pytest.importorskip("transformers")
+    from energon_packing.testing.families import build
+
+    _, model, _ = build(family)
+    cost = step_cost_model(model.config)
+    visual = model.model.visual
+    blocks = visual.blocks
+    tower = cost.vision
+    assert tower.depth == len(blocks)
+    mlp = [m for m in blocks[0].mlp.modules() if type(m).__name__ == "Linear"]
+    assert tower.hidden_size == mlp[0].in_features
+    assert tower.intermediate_size == mlp[0].out_features
+    assert tower.gated_mlp == (len(mlp) == 3)
+    mergers = 1 + len(getattr(visual, "deepstack_merger_list", ()))
+    assert tower.mergers == mergers
+    text = model.config.get_text_config()
+    assert (cost.hidden_size, cost.num_layers) == (text.hidden_size, text.num_hidden_layers)
+    assert cost.source  # read, not the defaults
+
+
+def test_a_model_directory_decides_the_sizes_and_nothing_named_keeps_the_defaults(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_VL_7B))
+    found = cost_model_for(str(tmp_path))
+    assert found.known and found.hidden_size == 3584 and found.vision.gated_mlp
+    unknown = cost_model_for("bundled")
+    assert not unknown.known and unknown.hidden_size == 4096  # said so in its description
+    assert "defaults: no model named" in unknown.describe()
+    with pytest.raises(ValueError, match="no decoder size"):
+        step_cost_model({"model_type": "x", "vision_config": {}})
+    assert vision_tower({"model_type": "gemma3", "vision_config": {"hidden_size": 8}}) is None
+
+
+def test_image_tokens_imply_a_grid_of_the_same_patches():
+    ids = [5, 7, 7, 7, 7, 7, 7, 9, 8, 7, 7, 7, 7, 9, 7]
+    assert grids_from_tokens(ids, token_id=7, merge_size=2) == [(1, 4, 6), (1, 4, 4), (1, 2, 2)]
+
+
+# ---- through the task encoder ------------------------------------------------------------------
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (width % 256, 40, 90)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _pictured(key: str, width: int, height: int):
+    from helpers import conversation_sample
+
+    document = {
+        "messages": [
+            {"role": "user", "content": "<image>What is it?"},
+            {"role": "assistant", "content": "A picture."},
+        ],
+        "images": ["img.png"],
+    }
+    return conversation_sample(key, document, {"img.png": _png(width, height)})
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
+    """Through a family's processor: the pack's ``image_grid_thw`` is what the images' sizes
+    give, its modelled vision cost is those grids' FLOPs by hand, and balanced emission
+    (selection time, from the image tokens) prices the same patches."""
+    pytest.importorskip("transformers")
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build(family)
+    te = PackingTaskEncoder(processor=processor, max_input_seq_length=512)
+    te.cost_model = step_cost_model(model.config)
+    encoded = [te.encode_sample(_pictured("a", 56, 84)), te.encode_sample(_pictured("b", 112, 56))]
+    pack = te.pack_selected_samples(encoded).pack
+    assert pack.media["image_grid_thw"].tolist() == [[1, 6, 4], [1, 4, 8]]  # (t, h, w) patches
+    d, m = 32, 2  # both tiny towers: width 32, merge 2 (testing.families)
+    if family == "qwen2_vl":  # 1 layer, MLP 64 wide (mlp_ratio 2), merger out 64, all full
+        per_patch = 2 * (3 * 2 * 14 * 14) * d + 1 * 2 * (4 * d * d + 2 * d * 64)
+        merger = 2 * (d * m * m * d * m * m + d * m * m * 64)  # per merged token
+        attention = 1 * 4 * d * (24 * 24 + 32 * 32)
+    else:  # 2 layers, gated MLP 64 wide, out 64; layer 0 in windows of 56/14/2 = 2 merged
+        per_patch = 2 * (3 * 2 * 14 * 14) * d + 2 * 2 * (4 * d * d + 3 * d * 64)
+        merger = 2 * (d * m * m * d * m * m + d * m * m * 64)
+        # image a: 3 x 2 merged -> windows 2x2 and 1x2 merged = 16 and 8 patches;
+        # image b: 2 x 4 merged -> windows 2x2, 2x2 = 16 and 16 patches
+        windowed = 16**2 + 8**2 + 16**2 + 16**2
+        attention = 4 * d * (24 * 24 + 32 * 32) + 4 * d * windowed
+    hand = 3 * (per_patch * (24 + 32) + merger * (6 + 8) + attention)
+    assert te.emitted_cost(pack).vision == hand
+    selected = te.pack_cost(encoded) - te.cost_model.pack_flops(
+        [s.length for s in encoded], capacity=512
+    )
+    if family == "qwen2_vl":  # no windows: the tokens tell the cost exactly
+        assert selected == hand
+    else:  # windows from a near-square guess of each image's shape: within 1 % of the tower
+        assert abs(selected - hand) < 0.01 * hand
+    metrics = te.stats.metrics()
+    assert metrics["packing/cost/vision_tflops"] == pytest.approx(hand / 1e12)
+    assert metrics["packing/cost/vision_share_max"] == pytest.approx(
+        hand / te.emitted_cost(pack).total
+    )
+
+
+# ---- balance over an image-heavy mix ---------------------------------------------------------
+
+
+def image_heavy(n: int, capacity: int, seed: int) -> list[tuple[int, tuple]]:
+    """Small image-heavy mix: 0-4 images per conversation at their own resolution (Qwen2-VL's
+    resize: 28-px multiples, at most 1280 tokens), text lognormal around 160 tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        text = int(np.clip(rng.lognormal(np.log(160), 1.0), 16, capacity // 4))
+        grids = []
+        for _ in range(int(rng.choice([0, 1, 1, 1, 2, 2, 3, 4]))):
+            side = float(np.clip(rng.lognormal(np.log(700), 0.6), 64, 4096))
+            aspect = float(np.exp(rng.normal(0, 0.35)))
+            h, w = side / np.sqrt(aspect), side * np.sqrt(aspect)
+            scale = min(1.0, np.sqrt(1280 * 784 / (h * w)))
+            grids.append((1, max(2, int(h * scale / 28)) * 2, max(2, int(w * scale / 28)) * 2))
+        tokens = [t * h * w // 4 + 2 for t, h, w in grids]
+        while grids and text + sum(tokens) > capacity:
+            grids.pop()
+            tokens.pop()
+        out.append((min(capacity, -(-(text + sum(tokens)) // 8) * 8), tuple(grids)))
+    return out
+
+
+def test_32_ranks_balance_the_whole_model_on_an_image_heavy_mix():
+    """Qwen2-VL-7B at C=4096 over 32 ranks: the whole model's step cost (vision encoder
+    included) within mean 1.03 / p95 1.06 of max/mean; packs within +0.5 % of the bound; the
+    vision spread itself narrows against emission in selection order."""
+    capacity, world = 4096, 32
+    model = step_cost_model(QWEN2_VL_7B)
+    conversations = image_heavy(world * 120, capacity, seed=5)
+    per_rank = split_ranks(conversations, world)
+    steps = 2 * sum(n for n, _ in conversations) // capacity // world
+    spreads = {}
+    for window in (0, 64):
+        run = simulate_ranks(
+            per_rank,
+            capacity=capacity,
+            buffer_size=128,
+            balance_window=window,
+            steps=steps,
+            cost_model=model,
+        )
+        assert run.counts == [steps] * world
+        for part in ("total", "vision"):
+            costs = run.step_costs(model, part=part)
+            ratios = costs.max(axis=1) / costs.mean(axis=1)
+            spreads[window, part] = (ratios.mean(), np.percentile(ratios, 95))
+        assert sum(run.counts) <= 1.005 * run.bound()
+    mean, p95 = spreads[64, "total"]
+    assert mean <= 1.03 and p95 <= 1.06, spreads
+    assert spreads[0, "total"][0] > 1.03  # the mix is one that needs balancing
+    assert spreads[64, "vision"][0] - 1 < 0.5 * (spreads[0, "vision"][0] - 1), spreads
+
+
+def test_stats_reports_each_packs_cost_by_component():
+    """``energon-packing stats``'s cost line: the mean over packs of each component, whose
+    vision part is the encoder over every grid once (the packs hold every conversation)."""
+    from energon_packing.tools.report import Measured, format_pack_costs
+
+    model = step_cost_model(QWEN2_VL_7B)
+    grids = [[(1, 20, 30)], [], [(1, 40, 40), (4, 16, 16)], [(1, 8, 8)]]
+    lengths = [200, 700, 900, 40]
+    measured = Measured(
+        keys=list("abcd"), costs=lengths, lengths=lengths, skipped={}, capacity=1024, grids=grids
+    )
+    line = format_pack_costs(measured, model, buffer=8)
+    packs = 2  # 1,840 tokens in packs of 1,024
+    vision = model.vision_flops([g for conversation in grids for g in conversation])
+    assert f"vision {vision / packs / 1e12:,.1f} " in line
+    assert f"decoder linear {model.linear_flops(1024) / 1e12:,.1f} " in line
+    assert "Qwen2" not in line and "model_type='qwen2_vl'" in line
