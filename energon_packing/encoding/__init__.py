@@ -12,7 +12,6 @@ computes 1-D or mRoPE positions of one conversation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -123,19 +122,11 @@ def _model(source: Any, config: PackingConfig) -> Any:
     """The model the packs are for (:class:`.models.ModelInfo`, or None where nothing names
     it), its layers checked: ``model_type=`` first, else what the processor or tokenizer was
     saved with. Raises for layers that would mix packed conversations."""
-    from energon_packing.encoding.models import (
-        check_layers,
-        info_of,
-        model_info_for_type,
-        read_model_info,
-    )
+    from energon_packing.encoding.models import check_layers, info_of, model_info_for_type
 
     model_type = getattr(config, "model_type", None)
     info = model_info_for_type(model_type) if model_type else None
-    if isinstance(source, str) or hasattr(source, "__fspath__"):  # a tokenizer's path
-        found = read_model_info(source) if Path(source).is_dir() else None
-    else:
-        found = None if source is None else info_of(source)
+    found = None if source is None else info_of(source)
     if info is not None and found is not None and found.model_type != model_type:
         raise ValueError(
             f"model_type={model_type!r}, but {found.source} says model_type "

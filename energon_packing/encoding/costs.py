@@ -24,13 +24,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from energon_packing.encoding.models import find_model_config
 from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
 
 __all__ = [
     "DEFAULT_TOWER",
     "cost_model_for",
     "default_cost_model",
-    "find_model_config",
     "grids_from_tokens",
     "step_cost_model",
     "vision_tower",
@@ -195,39 +195,6 @@ def default_cost_model(*, patch_size: int = 14, merge_size: int = 2) -> StepCost
             spatial_merge_size=merge_size,
         )
     )
-
-
-def find_model_config(source: Any) -> Path | None:
-    """The ``config.json`` of what a processor or tokenizer was loaded from (a local directory,
-    or the Hugging Face cache of the hub id it names; never the network), or None."""
-    if isinstance(source, (str, Path)):
-        names = [str(source)]
-    else:
-        tokenizer = getattr(source, "tokenizer", None) or source
-        names = [
-            getattr(tokenizer, "name_or_path", None),
-            getattr(source, "name_or_path", None),
-            getattr(getattr(source, "model_info", None), "source", None),
-        ]
-    for name in names:
-        if not isinstance(name, str) or not name:
-            continue
-        path = Path(name)
-        if path.name == "config.json" and path.is_file():
-            return path
-        if (path / "config.json").is_file():
-            return path / "config.json"
-    for name in names:
-        if isinstance(name, str) and name.count("/") == 1 and not Path(name).exists():
-            try:  # a hub id: its cached snapshot
-                from huggingface_hub import try_to_load_from_cache
-
-                cached = try_to_load_from_cache(name, "config.json")
-            except Exception:
-                continue
-            if isinstance(cached, str):
-                return Path(cached)
-    return None
 
 
 def cost_model_for(

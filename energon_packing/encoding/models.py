@@ -31,6 +31,7 @@ __all__ = [
     "ModelInfo",
     "StatefulLayersError",
     "check_layers",
+    "find_model_config",
     "info_of",
     "model_info",
     "model_info_for_type",
@@ -258,24 +259,41 @@ def processor_model_types(class_name: str) -> tuple[str, ...]:
     return tuple(sorted(t for t, name in PROCESSOR_MAPPING_NAMES.items() if name == class_name))
 
 
-def info_of(processor: Any) -> ModelInfo | None:
-    """The model a processor (or tokenizer) was saved with, where it can be found offline:
-    what :func:`energon_packing.load_processor` read (``processor.model_info``), else the
-    ``config.json`` beside the files it was loaded from (a local directory, or the Hugging Face
-    cache of the hub id it names)."""
-    found = getattr(processor, "model_info", None)
+def find_model_config(source: Any) -> Path | None:
+    """The ``config.json`` of what a processor or tokenizer was loaded from (a local directory,
+    or the Hugging Face cache of the hub id it names; never the network), or None. ``source``
+    may also be that directory or file."""
+    if isinstance(source, (str, Path)):
+        names = [str(source)]
+    else:
+        tokenizer = getattr(source, "tokenizer", None) or source
+        names = [getattr(tokenizer, "name_or_path", None), getattr(source, "name_or_path", None)]
+    names = [n for n in names if isinstance(n, str) and n]
+    for name in names:
+        path = Path(name)
+        if path.name == "config.json" and path.is_file():
+            return path
+        if (path / "config.json").is_file():
+            return path / "config.json"
+    for name in names:
+        if name.count("/") == 1 and not Path(name).exists():
+            try:  # a hub id: its cached snapshot
+                from huggingface_hub import try_to_load_from_cache
+
+                cached = try_to_load_from_cache(name, "config.json")
+            except Exception:
+                continue
+            if isinstance(cached, str):
+                return Path(cached)
+    return None
+
+
+def info_of(source: Any) -> ModelInfo | None:
+    """The model a processor or tokenizer (or a model directory) was saved with, where it can
+    be found offline: what :func:`energon_packing.load_processor` or the test builders attach
+    (``model_info``), else its ``config.json`` (:func:`find_model_config`)."""
+    found = getattr(source, "model_info", None)
     if isinstance(found, ModelInfo):
         return found
-    tokenizer = getattr(processor, "tokenizer", None) or processor
-    name = getattr(tokenizer, "name_or_path", None) or getattr(processor, "name_or_path", None)
-    if not isinstance(name, str) or not name:
-        return None
-    if Path(name).is_dir():
-        return read_model_info(name)
-    try:  # a hub id: its cached snapshot, never the network
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "config.json")
-    except Exception:
-        return None
-    return read_model_info(Path(cached).parent) if isinstance(cached, str) else None
+    file = find_model_config(source)
+    return read_model_info(file.parent) if file is not None else None
