@@ -472,6 +472,29 @@ def stats(
     click.echo(recommend(rows))
 
 
+@main.command("account")
+@click.argument(
+    "path", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_prepared
+)
+@_encoder_options
+@click.option("--buffer", default=64, show_default=True)
+@click.option("--workers", default=0, show_default=True, help="Loader workers.")
+def account_command(
+    path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, buffer, workers
+) -> None:
+    """Prove every record exactly once on a prepared folder: one finite epoch of its train and
+    val splits through the real loader, every pack's source_ids and every skip counted against
+    OUT/convert_map.jsonl. Exits 1 when a key is seen twice, never, or is no record's."""
+    _quiet()
+    from energon_packing.tools.account import account
+
+    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
+    result = account(path, te, num_workers=workers, packing_buffer_size=buffer)
+    click.echo(f"{path}: {result.summary()}")
+    if not result.exactly_once:
+        raise SystemExit(1)
+
+
 @main.command()
 @click.argument(
     "path", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_prepared
