@@ -5,8 +5,9 @@ file of its own, a photo-like JPEG of ~50 KB) at two sizes; tar archives the sam
 files, so both move the same bytes. Printed side by side, in one run:
 
 * records/s and MB/s of ``convert`` (shards only, no prepare; MB/s of the shards it writes,
-  every record with its image) and of ``tar cf`` over the same JSON file and image folder (MB/s
-  of the archive; target: convert >= 0.5x tar's MB/s);
+  every record with its image), with its default image decoding and with ``--no-decode``, and
+  of ``tar cf`` over the same JSON file and image folder (MB/s of the archive; target: convert
+  >= 0.5x tar's MB/s with decoding on);
 * peak RSS of the converting process at both sizes (target: flat, the stream never holds the
   dataset).
 
@@ -25,12 +26,16 @@ import time
 from pathlib import Path
 
 
-def child(folder: Path, out: Path) -> None:
+def child(folder: Path, out: Path, decode: bool) -> None:
     from energon_packing.tools.convert import convert
 
     start = time.perf_counter()
     result = convert(
-        source=folder / "llava.json", out=out, media_root=folder / "images", prepare=False
+        source=folder / "llava.json",
+        out=out,
+        media_root=folder / "images",
+        prepare=False,
+        decode=decode,
     )
     seconds = time.perf_counter() - start
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the
@@ -92,31 +97,33 @@ def tar_rate(folder: Path, files: list[Path], records: int) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(Path(args.child[0]), Path(args.child[1]))
+        child(Path(args.child[0]), Path(args.child[1]), args.child[2] == "decode")
         return
-    print(f"{'records':>9} {'convert rec/s':>14} {'convert MB/s':>13} {'tar rec/s':>10} "
-          f"{'tar MB/s':>9} {'ratio':>6} {'peak RSS MiB':>13}")  # fmt: skip
+    print(f"{'records':>9} {'decode':>9} {'convert rec/s':>14} {'convert MB/s':>13} "
+          f"{'tar rec/s':>10} {'tar MB/s':>9} {'ratio':>6} {'peak RSS MiB':>13}")  # fmt: skip
     for n in args.sizes:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             files = corpus(folder, n)
-            tar_records, tar_mb = tar_rate(folder, files, n)
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(folder), str(folder / "out")],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            result = json.loads(out.strip().splitlines()[-1])
-            rate = result["records"] / result["seconds"]
-            mb = result["bytes"] / result["seconds"] / 1e6
-            print(
-                f"{n:>9,} {rate:>14,.0f} {mb:>13.1f} {tar_records:>10,.0f} {tar_mb:>9.1f} "
-                f"{mb / tar_mb:>6.2f} {result['rss_mib']:>13.0f}"
-            )
+            for mode in ("decode", "no-decode"):
+                tar_records, tar_mb = tar_rate(folder, files, n)  # next to each run: same load
+                out = folder / f"out-{mode}"
+                printed = subprocess.run(
+                    [sys.executable, __file__, "--child", str(folder), str(out), mode],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                result = json.loads(printed.strip().splitlines()[-1])
+                rate = result["records"] / result["seconds"]
+                mb = result["bytes"] / result["seconds"] / 1e6
+                print(
+                    f"{n:>9,} {mode:>9} {rate:>14,.0f} {mb:>13.1f} {tar_records:>10,.0f} "
+                    f"{tar_mb:>9.1f} {mb / tar_mb:>6.2f} {result['rss_mib']:>13.0f}"
+                )
 
 
 if __name__ == "__main__":

@@ -161,6 +161,9 @@ class PackingStats:
     worker: int = 0  # the loader worker these numbers belong to (within the rank)
     #: (key, reason) of every skip not yet handed to the trainer inside a batch
     events: list = field(default_factory=list)
+    #: When a list: every skip, ``{"key", "reason", "detail"}`` (``stats --skips FILE``);
+    #: None (the default) keeps none, so a long run's memory stays flat.
+    all_skips: list | None = None
 
     def skip(self, key: str, reason: str, detail: str) -> None:
         if not self.skipped[reason]:  # once per reason per process (loader worker)
@@ -174,6 +177,8 @@ class PackingStats:
         keys = self.skipped_keys.setdefault(reason, [])
         if len(keys) < KEYS_PER_REASON:
             keys.append(key)
+        if self.all_skips is not None:
+            self.all_skips.append({"key": key, "reason": reason, "detail": detail})
 
     def add_pack(self, *, sources: int, real_tokens: int, capacity: int, cost: Any = None) -> None:
         """One emitted pack; ``cost``: its modelled cost by component (a ``PackCost``)."""

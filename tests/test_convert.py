@@ -316,7 +316,10 @@ def test_a_val_split_by_file_and_llava_video_records_carried(tmp_path):
     (source / "val.jsonl").write_text(json.dumps(video) + "\n")
     with pytest.raises(ValueError, match=r"val_files \['nope.jsonl'\] name no source file"):
         convert(source=source, out=tmp_path / "bad", val_files=("nope.jsonl",))
-    result = convert(source=source, out=tmp_path / "out", val_files=("val.jsonl",), prepare=False)
+    # decode=False: the clip is header bytes only (its bytes are carried, never read)
+    result = convert(
+        source=source, out=tmp_path / "out", val_files=("val.jsonl",), prepare=False, decode=False
+    )
     assert (result.train, result.val) == (6, 1)
     with tarfile.open(tmp_path / "out" / "shards" / "val-00000.tar") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}

@@ -5,6 +5,7 @@ the real loader (issue 17: items 1, 3, 5 and 7)."""
 from __future__ import annotations
 
 import io
+import json
 import math
 import struct
 import tracemalloc
@@ -499,7 +500,8 @@ def test_check_field_map_names_the_field_the_part_and_the_key():
 
 
 @pytest.mark.energon
-def test_a_field_map_naming_an_absent_part_stops_at_the_first_sample(tmp_path):
+def test_a_field_map_naming_an_absent_part_stops_the_loader_build(tmp_path):
+    """The first sample of the first shard lacks the part: the build raises, naming the yaml."""
     from megatron.energon.errors import FatalSampleError
 
     from energon_packing import PackingTaskEncoder
@@ -508,6 +510,52 @@ def test_a_field_map_naming_an_absent_part_stops_at_the_first_sample(tmp_path):
     path = make_dataset(tmp_path, [], raw=samples)
     (path / ".nv-meta" / "field_map.yaml").write_text(FIELD_MAP_YAML)
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=256)
+    with pytest.raises(
+        FatalSampleError,
+        match=r"'s0': .*field_map\.yaml field_map maps field 'messages' to part 'conversation'",
+    ):
+        loader_batches(path, te, buffer=4, dataset_config="field_map.yaml")
+
+
+@pytest.mark.energon
+def test_a_field_map_part_a_later_sample_lacks_stops_at_that_sample(tmp_path):
+    from megatron.energon.errors import FatalSampleError
+
+    from energon_packing import PackingTaskEncoder
+
+    good = raw_sample("s0", {"messages": ask("Hi?")})
+    good["conversation"] = json.dumps({"messages": ask("Hi?")}).encode()
+    path = make_dataset(tmp_path, [], raw=[good, raw_sample("s1", {"messages": ask("Hi?")})])
+    (path / ".nv-meta" / "field_map.yaml").write_text(FIELD_MAP_YAML)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=256)
     loader = loader_batches(path, te, buffer=4, dataset_config="field_map.yaml")
-    with pytest.raises(FatalSampleError, match="'s0'.*field 'messages' to part 'conversation'"):
+    with pytest.raises(FatalSampleError, match="'s1'.*field 'messages' to part 'conversation'"):
         list(loader)
+
+
+CAPTIONING_YAML = """sample_type:
+  __module__: megatron.energon
+  __class__: CaptioningSample
+field_map:
+  image: jpg
+  caption: txt
+"""
+
+
+@pytest.mark.energon
+def test_a_non_conversation_field_map_naming_an_absent_part_stops_the_loader_build(tmp_path):
+    """Issue 31 item 6: Energon's CaptioningSample over shards with png parts: the build raises
+    naming the part and the yaml (Energon alone skips every sample: 0 packs, 0 skips)."""
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.loader.samples import FieldMapError
+
+    samples = [{"__key__": f"s{i}", "png": b"x", "txt": b"a cat"} for i in range(3)]
+    path = make_dataset(tmp_path, [], raw=samples)
+    (path / ".nv-meta" / "captions.yaml").write_text(CAPTIONING_YAML)
+    te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=256)
+    with pytest.raises(FieldMapError) as raised:
+        loader_batches(path, te, buffer=4, dataset_config="captions.yaml")
+    message = str(raised.value)
+    assert str(path / ".nv-meta" / "captions.yaml") in message
+    assert "field 'image' to part 'jpg'" in message and "['png', 'txt']" in message
+    assert "\n" not in message and "conversation_loader" not in message

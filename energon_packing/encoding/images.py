@@ -35,6 +35,7 @@ __all__ = [
     "may_be_image",
     "may_be_video",
     "probe",
+    "verify",
 ]
 
 #: Part-name suffixes read as videos (kept compressed until their pack is emitted).
@@ -215,6 +216,25 @@ def decode(
             raise Skip("corrupt_image", f"image does not decode ({describe(e)})") from None
     # after conversion: 3 bytes a pixel to move, and the result owns its pixels
     return image.transpose(_TRANSPOSE[orientation]) if orientation != 1 else image
+
+
+def verify(data: bytes) -> tuple[int, int]:
+    """Decodes ``data`` as :func:`decode` would, to find out whether it can, and returns the
+    upright ``(width, height)``; raises :class:`Skip` (``corrupt_image``, ...) where
+    :func:`decode` would. A JPEG is decoded at 1/8 scale (``draft``): every coefficient is
+    still entropy-decoded, so a truncated or broken scan fails alike, at a fraction of the
+    cost; no colour conversion, no pixel budget."""
+    with _opened(data, None) as opened:
+        width, height, _ = _header(data, opened, None)
+        try:
+            if opened.format == "JPEG":
+                opened.draft(
+                    opened.mode, (max(1, opened.size[0] // 8), max(1, opened.size[1] // 8))
+                )
+            opened.load()
+        except Exception as e:
+            raise Skip("corrupt_image", f"image does not decode ({describe(e)})") from None
+    return width, height
 
 
 def _to_rgb(image: Image.Image, high_bit_depth: str) -> Image.Image:

@@ -762,17 +762,19 @@ def _wrap(dataset: Any, seen: set[int]) -> int:
 
 
 def guard_field_maps(datasets: Any) -> int:
-    """Makes a ``dataset.yaml`` ``field_map`` that names a part the samples lack an error at
-    the first sample (naming the key, the field and the part), where Energon would skip every
-    sample alike as an error of its own. Returns how many factories were guarded.
+    """Makes a ``dataset.yaml`` ``field_map`` that names a part the samples lack an error,
+    where Energon would skip every sample alike as an error of its own (0 packs, 0 skips).
+
+    For every sample type, the first sample of the first shard is read when the loader is
+    built: a part it lacks raises :class:`~.samples.FieldMapError` naming the part, the field,
+    the key and the yaml. A :class:`~.samples.ConversationSample` map is also checked on every
+    sample read (naming the key). Returns how many factories were checked.
 
     Energon keeps the parsed map only in the closure of the sample loader it builds from it
     (``DefaultGenericWebdatasetFactory.__init__``: ``inner_sample_loader`` over ``fields``);
     a release that builds it otherwise leaves the factory as it is (the guard is a better
     message, never a behaviour change).
     """
-    import inspect
-
     from megatron.energon.flavors.webdataset.default_generic_webdataset import (
         DefaultGenericWebdatasetFactory,
     )
@@ -782,23 +784,89 @@ def guard_field_maps(datasets: Any) -> int:
     guarded = 0
     for loaded in datasets or ():
         factory = getattr(loaded, "dataset", None)
-        if not isinstance(factory, DefaultGenericWebdatasetFactory) or not issubclass(
-            factory.__sample_type__, ConversationSample
-        ):
+        if not isinstance(factory, DefaultGenericWebdatasetFactory):
             continue
         outer = factory._sample_loader
-        if getattr(outer, "_energon_packing_guarded", False) or not inspect.isfunction(outer):
+        fields = _field_map(outer)
+        if fields is None:  # a sample_loader, not a field_map: nothing to guard
             continue
-        inner = inspect.getclosurevars(outer).nonlocals.get("inner_sample_loader")
-        fields = (
-            inspect.getclosurevars(inner).nonlocals.get("fields")
-            if inspect.isfunction(inner)
-            else None
-        )
-        if not isinstance(fields, dict):  # a sample_loader, not a field_map: nothing to guard
-            continue
-        loader = guard_field_map(outer, fields)
-        loader._energon_packing_guarded = True
-        factory._sample_loader = loader
+        conversation = issubclass(factory.__sample_type__, ConversationSample)
+        _check_first_sample(factory, fields, conversation=conversation)
         guarded += 1
+        if conversation and not getattr(outer, "_energon_packing_guarded", False):
+            loader = guard_field_map(outer, fields)
+            loader._energon_packing_guarded = True
+            factory._sample_loader = loader
     return guarded
+
+
+def _field_map(loader: Any) -> dict | None:
+    """The parsed ``field_map`` a factory's sample loader was built from, None if it has none
+    (a ``sample_loader``, or another Energon release)."""
+    import inspect
+
+    if not inspect.isfunction(loader):
+        return None
+    if getattr(loader, "_energon_packing_guarded", False):  # ours: the map is in its closure
+        loader = inspect.getclosurevars(loader).nonlocals.get("load")
+        if not inspect.isfunction(loader):
+            return None
+    inner = inspect.getclosurevars(loader).nonlocals.get("inner_sample_loader")
+    fields = (
+        inspect.getclosurevars(inner).nonlocals.get("fields") if inspect.isfunction(inner) else None
+    )
+    return fields if isinstance(fields, dict) else None
+
+
+def _check_first_sample(factory: Any, fields: dict, *, conversation: bool) -> None:
+    """:func:`~.samples.check_field_map` on the parts of the first sample of the factory's
+    first shard (headers only). An unreadable or empty shard is left to the loader."""
+    from energon_packing.loader.samples import check_field_map
+    from energon_packing.loader.tar_walk import first_sample
+
+    if not factory.shards:
+        return
+    shard = factory.shards[0]
+    try:
+        found = first_sample(str(shard.path))
+    except (OSError, tarfile.TarError, EOFError, ValueError):  # the tolerant reader reports it
+        return
+    if found is None:
+        return
+    key, parts = found
+    check_field_map(
+        {"__key__": key, **dict.fromkeys(parts)},
+        fields,
+        config=_field_map_config(factory.path, fields),
+        conversation=conversation,
+        filtered=False,
+    )
+
+
+def _field_map_config(folder: Any, fields: dict) -> str:
+    """The path of the ``.nv-meta`` yaml whose ``field_map`` is ``fields`` (Energon does not
+    keep the name); ``<folder>/.nv-meta/<dataset config>`` when none or several match."""
+    from pathlib import Path
+
+    import yaml
+
+    from energon_packing.loader.samples import field_parts
+
+    meta = f"{folder}/.nv-meta"
+    want = {name: field_parts(spec) for name, spec in fields.items()}
+    matches = []
+    try:  # a local folder (a remote one's name stays generic)
+        candidates = sorted(Path(meta).glob("*.yaml"))
+    except OSError:
+        candidates = []
+    for candidate in candidates:
+        try:
+            loaded = yaml.safe_load(candidate.read_text())
+        except Exception:  # not ours to judge here: Energon loaded the one it uses
+            continue
+        field_map = loaded.get("field_map") if isinstance(loaded, dict) else None
+        if isinstance(field_map, dict) and want == {
+            name: field_parts(str(spec)) for name, spec in field_map.items()
+        }:
+            matches.append(str(candidate))
+    return matches[0] if len(matches) == 1 else f"{meta}/<dataset config>"

@@ -19,7 +19,8 @@ skips the sample with that reason, counted and reported.
 
 A ``field_map`` instead (Energon's other route) cannot build a :class:`ConversationSample` (it
 maps one part per field; the images are every image part), and a part it names that the shard
-lacks fails every sample: :func:`check_field_map` makes the first one a :class:`FieldMapError`.
+lacks fails every sample: :func:`check_field_map` makes that a :class:`FieldMapError`, raised
+when the loader is built (from the first sample of the first shard) for any sample type.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "conversation_loader",
     "conversation_parts",
     "cook_conversation",
+    "field_parts",
     "guard_field_map",
     "load_conversation",
 ]
@@ -311,29 +313,50 @@ class FieldMapError(FatalSampleError):
 _FIELD_PART = re.compile(r"^\s*([^\[\]]+?)\s*(?:\[|$)")
 
 
-def check_field_map(sample: Mapping[str, Any], field_map: Mapping[str, Any]) -> None:
-    """Raises :class:`FieldMapError` naming the field, the part and the key when no option
-    (``a,b``: ``a`` else ``b``) of a ``field_map`` entry names a part ``sample`` holds.
+def check_field_map(
+    sample: Mapping[str, Any],
+    field_map: Mapping[str, Any],
+    *,
+    config: str = "dataset.yaml",
+    conversation: bool = True,
+    filtered: bool = True,
+) -> None:
+    """Raises :class:`FieldMapError` naming the field, the part, the key and ``config`` (the
+    yaml) when no option (``a,b``: ``a`` else ``b``) of a ``field_map`` entry names a part
+    ``sample`` holds.
 
     ``field_map`` as written in the yaml (``{"messages": "conv[messages]"}``) or as Energon
-    parses it (``{"messages": [["conv", "messages"]]}``).
+    parses it (``{"messages": [["conv", "messages"]]}``). ``conversation``: the yaml builds a
+    :class:`ConversationSample` (the fix then names this package's own ``dataset.yaml``).
+    ``filtered``: ``sample`` holds only the parts the map names (Energon's ``part_filter``
+    dropped the rest before the sample loader).
     """
     parts = sorted(k for k in sample if not k.startswith("__"))
     for field, spec in field_map.items():
-        if isinstance(spec, str):
-            options = [m.group(1) for o in spec.split(",") if (m := _FIELD_PART.match(o))]
-        else:
-            options = [str(option[0]) for option in spec if option]
+        options = field_parts(spec)
         if options and not any(part in sample for part in options):
             key = sample.get("__key__")
+            fix = "name a part the shards hold"
+            if conversation:
+                fix += (
+                    ", or use energon_packing's configs/dataset.yaml (sample_loader: "
+                    "conversation_loader, part_filter: conversation_parts), which reads "
+                    "<key>.json and its image parts"
+                )
             raise FieldMapError(
-                f"sample {brief(key)}: dataset.yaml field_map maps field {field!r} to part "
-                f"{' or '.join(map(repr, options))}, which the sample does not have (of the parts "
-                f"the field_map names, it holds {brief(parts)}); every sample would fail alike. Name a part the shards hold, "
-                f"or use energon_packing's configs/dataset.yaml (sample_loader: "
-                f"conversation_loader, part_filter: conversation_parts), which reads <key>.json "
-                f"and its image parts"
+                f"sample {brief(key)}: {config} field_map maps field {field!r} to part "
+                f"{' or '.join(map(repr, options))}, which the sample does not have ("
+                f"{'of the parts the field_map names, ' if filtered else ''}it holds "
+                f"{brief(parts)}); every sample would fail alike: {fix}"
             )
+
+
+def field_parts(spec: Any) -> list[str]:
+    """The parts a ``field_map`` entry may read, in order: its options' names before any
+    ``[``, from the yaml's string or Energon's parse (``[["part", "field"], ...]``)."""
+    if isinstance(spec, str):
+        return [m.group(1) for o in spec.split(",") if (m := _FIELD_PART.match(o))]
+    return [str(option[0]) for option in spec if option]
 
 
 def guard_field_map(

@@ -4,7 +4,8 @@ header WebDataset writes before every member is read inline, without ``tarfile``
 less plain goes through ``tarfile`` itself).
 
 :func:`walk` returns the members and why the walk ended; :func:`resync` finds the next valid
-header after a bad one; :func:`split_key` is Energon's and WebDataset's key split.
+header after a bad one; :func:`split_key` is Energon's and WebDataset's key split; :func:`first_sample` names the first
+sample's parts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "SKIP_META",
     "SPLIT_NAME",
     "Member",
+    "first_sample",
     "is_meta",
     "nts",
     "resync",
@@ -466,3 +468,24 @@ def walk_all(f, size: int, start: int) -> list[Member]:
         after = more[-1].offset_data if how == "garbage" and more else stop + BLOCK
         start = resync(f, size, max(after, stop + BLOCK) if how == "end" else after)
     return members
+
+
+def first_sample(path: str) -> tuple[str, list[str]] | None:
+    """``(key, part names)`` of the first sample in the tar file at ``path`` (metadata members
+    skipped, as Energon skips them); None when the file holds no sample. Reads headers only,
+    up to the first member of the next sample."""
+    import tarfile
+
+    key, parts = None, []
+    with tarfile.open(path, mode="r:") as tar:
+        for member in tar:
+            if not member.isfile() or is_meta(member.name):
+                continue
+            name = split_key(member.name)
+            if name is None:
+                continue
+            if key is not None and name != key:
+                break
+            key = name
+            parts.append(member.name[len(name) + 1 :])
+    return (key, parts) if key is not None else None

@@ -342,6 +342,9 @@ def _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, pr
     )
 
 
+_SKIPS_HELP = "Write every key that would be skipped, with its reason, to FILE (JSON lines)."
+
+
 def _encoder_options(fn):
     for option in reversed(
         [
@@ -413,6 +416,7 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor,
     type=click.Choice(list(ALGORITHMS)),
     help="Only these algorithms (default: all).",
 )
+@click.option("--skips", type=click.Path(dir_okay=False, path_type=Path), help=_SKIPS_HELP)
 def stats(
     path: Path,
     capacity,
@@ -423,6 +427,7 @@ def stats(
     processor,
     buffers,
     algorithms,
+    skips,
 ) -> None:
     """Packing table of a prepared dataset, per algorithm and buffer, and a recommendation."""
     _quiet(progress=True)
@@ -440,7 +445,11 @@ def stats(
     )
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
+    if skips is not None:
+        te.stats.all_skips = []
     measured = measure_costs(path, te, progress=True)
+    if skips is not None:
+        _write_skips(skips, te.stats.all_skips)
     if not measured.costs:
         _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
     media = format_tokens(measured)
@@ -463,6 +472,29 @@ def stats(
     click.echo(format_table(rows))
     click.echo(recommend(rows))
     click.echo(format_pack_costs(measured, te.cost_model, buffer=max(buffers or (256,))))
+
+
+@main.command("account")
+@click.argument(
+    "path", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_prepared
+)
+@_encoder_options
+@click.option("--buffer", default=64, show_default=True)
+@click.option("--workers", default=0, show_default=True, help="Loader workers.")
+def account_command(
+    path: Path, capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, buffer, workers
+) -> None:
+    """Prove every record exactly once on a prepared folder: one finite epoch of its train and
+    val splits through the real loader, every pack's source_ids and every skip counted against
+    OUT/convert_map.jsonl. Exits 1 when a key is seen twice, never, or is no record's."""
+    _quiet()
+    from energon_packing.tools.account import account
+
+    te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor)
+    result = account(path, te, num_workers=workers, packing_buffer_size=buffer)
+    click.echo(f"{path}: {result.summary()}")
+    if not result.exactly_once:
+        raise SystemExit(1)
 
 
 @main.command()
@@ -657,16 +689,24 @@ def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--limit", default=50, show_default=True, help="Findings listed (all are counted).")
 @click.option(
+    "--decode/--no-decode",
+    default=True,
+    show_default=True,
+    help="Decode every image a document lists, as the loader will (a truncated or broken "
+    "image is listed before training); --no-decode is faster.",
+)
+@click.option(
     "--videos/--no-videos",
     default=True,
     show_default=True,
     help="Also read every video part's container header (its bytes are read, no frame is "
     "decoded): a clip the loader would skip is listed before training.",
 )
-def check(path: Path, limit: int, videos: bool) -> None:
+@click.option("--skips", type=click.Path(dir_okay=False, path_type=Path), help=_SKIPS_HELP)
+def check(path: Path, limit: int, decode: bool, videos: bool, skips: Path | None) -> None:
     """Read every tar header of every shard under PATH; list what Energon or WebDataset would
-    drop, with shard, offset, key and reason, and every video whose header does not read.
-    Exits 1 when anything would be lost or skipped."""
+    drop, with shard, offset, key and reason, and every image that does not decode and every
+    video whose header does not read. Exits 1 when anything would be lost or skipped."""
     from energon_packing.loader.shards import scan_dataset, shard_paths
     from energon_packing.tools.report import format_scan
 
@@ -675,7 +715,16 @@ def check(path: Path, limit: int, videos: bool) -> None:
     start = time.perf_counter()
     scan = scan_dataset(path)
     click.echo(format_scan(scan, seconds=time.perf_counter() - start, limit=limit))
-    unreadable = _check_videos(path, limit) if videos else []
+    unreadable = _check_media(path, limit, images=decode, videos=videos)
+    if skips is not None:
+        _write_skips(
+            skips,
+            (
+                {"key": f.key, "reason": f.reason, "detail": f.detail, "shard": f.shard,
+                 "offset": f.offset, "member": f.member}
+                for f in [*scan.findings, *unreadable]
+            ),
+        )  # fmt: skip
     if scan.empty:
         names = ", ".join(s.shard for s in scan.empty[:5])
         click.echo(
@@ -699,26 +748,44 @@ def check(path: Path, limit: int, videos: bool) -> None:
         raise SystemExit(1)
 
 
-def _check_videos(path: Path, limit: int) -> list:
-    """``check``'s video pass (:func:`energon_packing.tools.video_check.scan_videos`): prints
-    what it read and the videos the loader would skip; returns those."""
-    try:
-        from energon_packing.tools.video_check import scan_videos
+def _write_skips(file: Path, rows) -> None:
+    """``--skips FILE``: one JSON object per line; says where and how many."""
+    import json
 
-        start = time.perf_counter()
-        found = scan_videos(path)
+    count = 0
+    with open(file, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    click.echo(f"{count:,} skipped key(s) with their reasons in {file}")
+
+
+def _check_media(path: Path, limit: int, *, images: bool, videos: bool) -> list:
+    """``check``'s media pass (:func:`energon_packing.tools.media_check.scan_media`): prints
+    what it read and the images and videos the loader would skip; returns those."""
+    if not images and not videos:
+        return []
+    from energon_packing.tools.media_check import scan_media
+
+    start = time.perf_counter()
+    try:
+        found = scan_media(path, images=images, videos=videos)
     except ImportError as e:  # PyAV: the [video] extra
         click.echo(
             f"\nvideo headers not read ({e}); pip install 'av>=14' (the [video] extra: "
             "pip install '.[video]' in the checkout, or the built wheel with [video])"
         )
+        if not images:
+            return []
+        found = scan_media(path, images=True, videos=False)
+    if not found.images and not found.videos:
         return []
-    if not found.videos:
-        return []
+    what = " and ".join(
+        f"{n:,} {kind} parts" for n, kind in ((found.images, "image"), (found.videos, "video")) if n
+    )
     click.echo(
-        f"\n{found.videos:,} video parts ({found.bytes / 1e6:,.1f} MB) read in "
-        f"{time.perf_counter() - start:.1f} s: "
-        + (f"{len(found.findings):,} unreadable" if found.findings else "every header reads")
+        f"\n{what} ({found.bytes / 1e6:,.1f} MB) read in {time.perf_counter() - start:.1f} s: "
+        + (f"{len(found.findings):,} unreadable" if found.findings else "every one reads")
     )
     for f in found.findings[:limit]:
         click.echo(f"  {f.shard} @ {f.offset:,}  {f.key}  {f.reason}: {f.detail}")
@@ -781,6 +848,13 @@ def _check_videos(path: Path, limit: int) -> list:
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT when an earlier convert wrote it.")
 @click.option("--strict", is_flag=True, help="Exit 1 when any record is reported.")
+@click.option(
+    "--decode/--no-decode",
+    default=True,
+    show_default=True,
+    help="Decode every image and read every video's container header, as the loader will "
+    "(a corrupt one is reported now, not at training time); --no-decode is faster.",
+)
 def convert_command(
     source: Path,
     out: Path,
@@ -795,6 +869,7 @@ def convert_command(
     min_converted,
     overwrite,
     strict,
+    decode,
 ) -> None:
     """Convert LLaVA / ShareGPT / InternVL JSON, messages JSONL (OpenAI, ms-swift,
     LLaMA-Factory, Mantis, qwen-vl-utils, TRL) or a Hugging Face dataset into prepared Energon
@@ -821,6 +896,7 @@ def convert_command(
             min_converted=min_converted,
             overwrite=overwrite,
             progress=True,
+            decode=decode,
         )
     except ConvertError as e:
         raise click.ClickException(str(e)) from None

@@ -17,7 +17,9 @@ decoded, its extension one of :data:`VIDEO_EXTENSIONS`; the document lists them 
 LLaVA-Video record writes ``<image>`` for its video (LLaVA-NeXT's trainer reads the video in
 its place): with a ``video`` and no ``image``, that placeholder is the video. A video that is
 not there, or is no video file, is reported (``missing_video``, ``unreadable_video``) with the
-record's id and the path.
+record's id and the path. Images are decoded and videos' container headers read, as the loader
+will, unless ``decode`` is off (:mod:`energon_packing.tools.media`): a truncated JPEG is
+reported ``corrupt_image`` here, not at training time.
 
 Output (``OUT`` is created; refused if it exists and is not empty, unless an earlier convert
 wrote it and ``overwrite`` is set, or it holds only the report of a run that failed)::
@@ -55,7 +57,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from energon_packing.encoding.images import VIDEO_SUFFIXES
+from energon_packing.tools.media import VIDEO_EXTENSIONS, FilePart, MediaLoader, of
 from energon_packing.tools.records import (
     COLUMNS,
     FORMATS,
@@ -64,11 +66,9 @@ from energon_packing.tools.records import (
     VIDEO,
     Converted,
     RecordError,
-    data_uri,
     detect_format,
     map_columns,
     parse_columns,
-    sniff_suffix,
     suffix_of,
     to_document,
 )
@@ -82,9 +82,6 @@ MAP_FILE = "convert_map.jsonl"
 #: 1 / golden ratio: record i goes to val when frac(i * PHI) < val_fraction (evenly spread)
 PHI = 0.6180339887498949
 _CHUNK = 1 << 20
-#: The extensions a video part may have (its source file's, lowercased): the ones the loader
-#: reads as videos.
-VIDEO_EXTENSIONS = tuple(sorted(VIDEO_SUFFIXES))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -308,209 +305,6 @@ def read_records(source: Path) -> Iterator[tuple[str, int, Any]]:
             yield name, index, record
 
 
-@dataclass(frozen=True, slots=True)
-class FilePart:
-    """A part whose bytes stay in a file until the shard is written (copied by the kernel)."""
-
-    path: Path
-    size: int
-
-
-#: Bytes read from an image file to recognise it (the signatures :func:`sniff_suffix` checks).
-_HEAD = 16
-
-
-class _MediaLoader:
-    """Loads a record's media: a path (relative to ``root``), a ``data:`` URI, raw bytes or a
-    Hugging Face ``{"bytes", "path"}`` entry. An image is checked to be one; a file is not
-    read when its first bytes show a common image format: it is copied into the shard as it
-    is. A video is never decoded: its first bytes must start a video container."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def __call__(
-        self, source: Any, kind: str, *, record_id: Any = None
-    ) -> tuple[bytes | FilePart, str]:
-        _refuse_remote(source, kind, record_id, self.root)
-        if kind == "video":
-            return self._video(source, record_id)
-        path = None
-        if isinstance(source, dict):  # a datasets Image entry
-            data, path = source.get("bytes"), source.get("path")
-            if data is None and path is None:
-                raise RecordError("missing_image", f"an {kind} entry with neither bytes nor path")
-        elif isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        elif isinstance(source, str):
-            data = data_uri(source)
-            path = None if data is not None else source.removeprefix("file://")
-        else:
-            raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
-        if data is None:
-            return self._file(path, kind)
-        suffix = sniff_suffix(data)
-        if suffix is None:
-            raise RecordError("unreadable_image", f"{path or 'the image bytes'} is not an image")
-        return data, suffix
-
-    def _file(self, path: str, kind: str) -> tuple[bytes | FilePart, str]:
-        file = Path(path) if Path(path).is_absolute() else self.root / path
-        try:
-            with open(file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(_HEAD)
-                suffix = sniff_suffix(head, whole=False)
-                if suffix is not None:
-                    return FilePart(file, size), suffix
-                data = head + f.read()  # another format: Pillow decides from the whole file
-        except FileNotFoundError:
-            raise RecordError(
-                "missing_image", f"{kind} file {path!r} not found under {self.root}"
-            ) from None
-        except OSError as e:
-            raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
-        suffix = sniff_suffix(data)
-        if suffix is None:
-            raise RecordError("unreadable_image", f"{path} is not an image Pillow reads")
-        return data, suffix
-
-    def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
-        """A video's bytes (a file's stay in it) and its part suffix."""
-        name = None
-        if isinstance(source, dict):  # a datasets Video entry
-            data, name = source.get("bytes"), source.get("path")
-            if data is None and name is None:
-                raise RecordError(
-                    "missing_video", f"a video entry with neither bytes nor path{_of(record_id)}"
-                )
-        elif isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        elif isinstance(source, str):
-            data = _video_uri(source, record_id)
-            name = None if data is not None else source.removeprefix("file://")
-        elif isinstance(source, list):
-            raise RecordError(
-                "malformed_record",
-                f"a video given as a list of {len(source)} items (frames?){_of(record_id)}: "
-                "convert stores video files; encode the frames into one and name it",
-            )
-        else:
-            raise RecordError(
-                "malformed_record", f"a video given as {type(source).__name__}{_of(record_id)}"
-            )
-        if data is None:
-            return self._video_file(name, record_id)
-        what = f"the video bytes{f' of {name!r}' if name else ''}{_of(record_id)}"
-        return data, _video_suffix(name or "", data[:_VIDEO_HEAD], len(data), what)
-
-    def _video_file(self, path: str, record_id: Any) -> tuple[FilePart, str]:
-        what = f"video file {path!r}{_of(record_id)}"
-        file = Path(path) if Path(path).is_absolute() else self.root / path
-        try:
-            with open(file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(_VIDEO_HEAD)
-        except FileNotFoundError:
-            raise RecordError(
-                "missing_video",
-                f"{what} not found at {file}: put it there, or pass --media-root the folder "
-                "the record's paths are relative to",
-            ) from None
-        except IsADirectoryError:
-            raise RecordError("unreadable_video", _frames_folder(what, file)) from None
-        except OSError as e:
-            raise RecordError("unreadable_video", f"{what}: {e.strerror or e}") from None
-        return FilePart(file, size), _video_suffix(path, head, size, what)
-
-
-#: Bytes read from a video file to recognise its container (WebM's DocType is within them).
-_VIDEO_HEAD = 64
-#: Top-level boxes an MP4 / QuickTime file starts with.
-_MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
-
-
-def _refuse_remote(source: Any, kind: str, record_id: Any, root: Path) -> None:
-    """A medium behind an http(s) URL: ``remote_media``, naming the URL to download."""
-    url = source.get("path") if isinstance(source, dict) and not source.get("bytes") else source
-    if isinstance(url, str) and url.startswith(("http://", "https://")):
-        raise RecordError(
-            "remote_media",
-            f"{kind} {url}{_of(record_id)} is a URL: convert reads local files; download it "
-            f"under {root} and write its path relative to that folder",
-        )
-
-
-def _of(record_id: Any) -> str:
-    return f" (record id {record_id!r})" if record_id is not None else ""
-
-
-def _video_uri(source: str, record_id: Any) -> bytes | None:
-    """The bytes of a ``data:video/...;base64,`` URI, else None."""
-    try:
-        return data_uri(source)
-    except RecordError as e:
-        raise RecordError("unreadable_video", f"{e.detail}{_of(record_id)}") from None
-
-
-def _container(head: bytes) -> str | None:
-    """The video container ``head`` (a file's first bytes) starts, as an extension; None if
-    none of :data:`VIDEO_EXTENSIONS`'."""
-    if head[4:8] in _MP4_BOXES:
-        brand = head[8:12] if head[4:8] == b"ftyp" else b""
-        return "mov" if brand == b"qt  " else "m4v" if brand.startswith(b"M4V") else "mp4"
-    if head.startswith(b"\x1a\x45\xdf\xa3"):  # EBML: Matroska, or WebM by its DocType
-        return "webm" if b"webm" in head else "mkv"
-    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
-        return "avi"
-    return None
-
-
-def _video_suffix(name: str, head: bytes, size: int, what: str) -> str:
-    """A video part's suffix: ``name``'s extension, lowercased (one of
-    :data:`VIDEO_EXTENSIONS`), or the container's when ``name`` has none.
-
-    Raises:
-        RecordError: ``unreadable_video``: another extension, or ``head`` starts no video.
-    """
-    extension = Path(name).suffix.lower().removeprefix(".")
-    if extension and extension not in VIDEO_EXTENSIONS:
-        raise RecordError(
-            "unreadable_video",
-            f"{what}: extension .{extension} is not one of {', '.join(VIDEO_EXTENSIONS)}; "
-            "remux it (ffmpeg -i IN -c copy OUT.mp4) and point the record at the new file",
-        )
-    container = _container(head)
-    if container is None:
-        raise RecordError("unreadable_video", f"{what} is not a video file: {_looks(head, size)}")
-    return f".{extension or container}"
-
-
-def _looks(head: bytes, size: int) -> str:
-    """What a file that is no video looks like, and the fix."""
-    if head.startswith(b"version https://git-lfs"):
-        return f"its {size:,} bytes are a Git LFS pointer; fetch the file (git lfs pull)"
-    if not size:
-        return "it is empty (0 bytes); download it again"
-    return (
-        f"its {size:,} bytes start {head[:12]!r}, as no {', '.join(VIDEO_EXTENSIONS)} "
-        "file does; download it again or fix the record's path"
-    )
-
-
-def _frames_folder(what: str, folder: Path) -> str:
-    """A video path that is a folder (ShareGPTVideo's videos are folders of frames)."""
-    try:
-        count = f"{sum(1 for _ in os.scandir(folder)):,} files"
-    except OSError:
-        count = "files"
-    return (
-        f"{what} is a folder ({count}), not a video file: encode its frames into one, e.g. "
-        f"ffmpeg -framerate 2 -pattern_type glob -i '{folder}/*.jpg' {folder.name}.mp4, and "
-        "point the record at it"
-    )
-
-
 _BLOCK = 512
 _RECORD = 20 * _BLOCK  # tar's record: an archive's length is a multiple of it
 
@@ -601,6 +395,7 @@ def convert(
     overwrite: bool = False,
     prepare: bool = True,
     progress: bool = False,
+    decode: bool = True,
 ) -> ConvertResult:
     """Converts ``source`` into prepared Energon shards under ``out`` (see the module docstring).
 
@@ -625,6 +420,9 @@ def convert(
         overwrite: Replace ``out`` when an earlier convert wrote it (never another folder).
         prepare: Run ``energon-packing prepare`` on the result.
         progress: A tqdm bar over the records.
+        decode: Decode every image and read every video's container header, as the loader
+            will (a record whose medium fails is reported under the loader's reason, e.g.
+            ``corrupt_image``); off: faster, such faults surface only in the loader.
 
     Raises:
         ConvertError: Nothing, or less than ``min_converted``, converted (one line: the
@@ -661,7 +459,7 @@ def convert(
     how = _How(format=format, columns=columns, tags=tags)
     try:
         result, rejected = _convert(
-            source, out, how, _MediaLoader(root), val_fraction, val_files,
+            source, out, how, MediaLoader(root, decode=decode), val_fraction, val_files,
             samples_per_shard, shard_bytes, progress,
         )  # fmt: skip
         if not result.converted or result.converted < min_converted * result.read:
@@ -988,7 +786,7 @@ def _document(record: Any, how: _How, load: Any) -> Converted:
         if not rewritten or e.reason != "malformed_record":
             raise
         note = "; its <image> placeholders stand for its video (a LLaVA-Video record)"
-        raise RecordError(e.reason, f"{e.detail}{_of(record_id)}{note}") from None
+        raise RecordError(e.reason, f"{e.detail}{of(record_id)}{note}") from None
 
 
 def _present(record: dict, *names: str) -> bool:

@@ -1,0 +1,278 @@
+"""A record's media for ``convert``: loaded from a path, a ``data:`` URI, bytes or a Hugging
+Face ``{"bytes", "path"}`` entry, and checked before it goes into a shard.
+
+An image is decoded (:func:`energon_packing.encoding.images.verify`: what the loader's decode
+refuses, ``corrupt_image``, is reported here, with the record's id and the path), unless
+``decode`` is off; then only its first bytes are read to recognise its format, and a file is
+copied into the shard by the kernel as it is. A video is never decoded: its first bytes must
+start a video container, and with ``decode`` its container header is read as the loader will
+(:func:`energon_packing.media.video.probe`, PyAV; without PyAV that step is skipped, logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from energon_packing.encoding.images import VIDEO_SUFFIXES
+from energon_packing.tools.records import RecordError, data_uri, sniff_suffix
+
+__all__ = ["VIDEO_EXTENSIONS", "FilePart", "MediaLoader", "of"]
+
+logger = logging.getLogger("energon_packing")
+
+#: The extensions a video part may have (its source file's, lowercased): the ones the loader
+#: reads as videos.
+VIDEO_EXTENSIONS = tuple(sorted(VIDEO_SUFFIXES))
+
+
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    """A part whose bytes stay in a file until the shard is written (copied by the kernel)."""
+
+    path: Path
+    size: int
+
+
+#: Bytes read from an image file to recognise it (the signatures :func:`sniff_suffix` checks).
+_HEAD = 16
+
+
+class MediaLoader:
+    """Loads a record's media: a path (relative to ``root``), a ``data:`` URI, raw bytes or a
+    Hugging Face ``{"bytes", "path"}`` entry (see the module docstring).
+
+    Args:
+        root: Where relative paths point.
+        decode: Decode every image and read every video's container header (the loader's
+            checks); off: an image file whose first bytes show a common format is copied as it
+            is, unread.
+    """
+
+    def __init__(self, root: Path, *, decode: bool = True):
+        self.root = root
+        self.decode = decode
+        self._no_video_check = False
+
+    def __call__(
+        self, source: Any, kind: str, *, record_id: Any = None
+    ) -> tuple[bytes | FilePart, str]:
+        _refuse_remote(source, kind, record_id, self.root)
+        if kind == "video":
+            return self._video(source, record_id)
+        path = None
+        if isinstance(source, dict):  # a datasets Image entry
+            data, path = source.get("bytes"), source.get("path")
+            if data is None and path is None:
+                raise RecordError("missing_image", f"an {kind} entry with neither bytes nor path")
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        elif isinstance(source, str):
+            data = data_uri(source)
+            path = None if data is not None else source.removeprefix("file://")
+        else:
+            raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
+        if data is None:
+            return self._file(path, kind, record_id)
+        suffix = sniff_suffix(data)
+        if suffix is None:
+            raise RecordError("unreadable_image", f"{path or 'the image bytes'} is not an image")
+        if self.decode:
+            _verify(data, f"{kind} {path!r}" if path else f"the {kind} bytes", record_id)
+        return data, suffix
+
+    def _file(self, path: str, kind: str, record_id: Any) -> tuple[bytes | FilePart, str]:
+        file = Path(path) if Path(path).is_absolute() else self.root / path
+        try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(_HEAD)
+                suffix = sniff_suffix(head, whole=False)
+                if suffix is not None and not self.decode:
+                    return FilePart(file, size), suffix
+                data = head + f.read()  # decoded, or another format: Pillow decides
+        except FileNotFoundError:
+            raise RecordError(
+                "missing_image", f"{kind} file {path!r} not found under {self.root}"
+            ) from None
+        except OSError as e:
+            raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
+        if suffix is None:
+            suffix = sniff_suffix(data)
+        if suffix is None:
+            raise RecordError("unreadable_image", f"{path} is not an image Pillow reads")
+        if self.decode:
+            _verify(data, f"{kind} file {path!r}", record_id)
+        return data, suffix
+
+    def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
+        """A video's bytes (a file's stay in it) and its part suffix."""
+        name = None
+        if isinstance(source, dict):  # a datasets Video entry
+            data, name = source.get("bytes"), source.get("path")
+            if data is None and name is None:
+                raise RecordError(
+                    "missing_video", f"a video entry with neither bytes nor path{of(record_id)}"
+                )
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        elif isinstance(source, str):
+            data = _video_uri(source, record_id)
+            name = None if data is not None else source.removeprefix("file://")
+        elif isinstance(source, list):
+            raise RecordError(
+                "malformed_record",
+                f"a video given as a list of {len(source)} items (frames?){of(record_id)}: "
+                "convert stores video files; encode the frames into one and name it",
+            )
+        else:
+            raise RecordError(
+                "malformed_record", f"a video given as {type(source).__name__}{of(record_id)}"
+            )
+        if data is None:
+            return self._video_file(name, record_id)
+        what = f"the video bytes{f' of {name!r}' if name else ''}{of(record_id)}"
+        suffix = _video_suffix(name or "", data[:_VIDEO_HEAD], len(data), what)
+        self._probe(data, what)
+        return data, suffix
+
+    def _video_file(self, path: str, record_id: Any) -> tuple[FilePart, str]:
+        what = f"video file {path!r}{of(record_id)}"
+        file = Path(path) if Path(path).is_absolute() else self.root / path
+        try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(_VIDEO_HEAD)
+        except FileNotFoundError:
+            raise RecordError(
+                "missing_video",
+                f"{what} not found at {file}: put it there, or pass --media-root the folder "
+                "the record's paths are relative to",
+            ) from None
+        except IsADirectoryError:
+            raise RecordError("unreadable_video", _frames_folder(what, file)) from None
+        except OSError as e:
+            raise RecordError("unreadable_video", f"{what}: {e.strerror or e}") from None
+        suffix = _video_suffix(path, head, size, what)
+        if self.decode and not self._no_video_check:
+            self._probe(file.read_bytes(), what)
+        return FilePart(file, size), suffix
+
+    def _probe(self, data: bytes, what: str) -> None:
+        """The loader's container-header read (:func:`energon_packing.media.video.probe`)."""
+        if not self.decode or self._no_video_check:
+            return
+        try:
+            from energon_packing.media.video import probe
+        except ImportError as e:  # PyAV: the [video] extra
+            logger.warning("video headers not checked (%s): pip install 'av>=14'", e)
+            self._no_video_check = True
+            return
+        from energon_packing.errors import Skip
+
+        try:
+            if not probe(data).frames:
+                raise Skip("video_empty", "the video stream holds no frame")
+        except Skip as e:
+            raise RecordError(e.reason, f"{what}: {e.detail}") from None
+
+
+#: Bytes read from a video file to recognise its container (WebM's DocType is within them).
+_VIDEO_HEAD = 64
+#: Top-level boxes an MP4 / QuickTime file starts with.
+_MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
+
+
+def _verify(data: bytes, what: str, record_id: Any) -> None:
+    """:func:`energon_packing.encoding.images.verify` as a :class:`RecordError`."""
+    from energon_packing.encoding.images import verify
+    from energon_packing.errors import Skip
+
+    try:
+        verify(data)
+    except Skip as e:
+        raise RecordError(e.reason, f"{what}{of(record_id)}: {e.detail}") from None
+
+
+def _refuse_remote(source: Any, kind: str, record_id: Any, root: Path) -> None:
+    """A medium behind an http(s) URL: ``remote_media``, naming the URL to download."""
+    url = source.get("path") if isinstance(source, dict) and not source.get("bytes") else source
+    if isinstance(url, str) and url.startswith(("http://", "https://")):
+        raise RecordError(
+            "remote_media",
+            f"{kind} {url}{of(record_id)} is a URL: convert reads local files; download it "
+            f"under {root} and write its path relative to that folder",
+        )
+
+
+def of(record_id: Any) -> str:
+    return f" (record id {record_id!r})" if record_id is not None else ""
+
+
+def _video_uri(source: str, record_id: Any) -> bytes | None:
+    """The bytes of a ``data:video/...;base64,`` URI, else None."""
+    try:
+        return data_uri(source)
+    except RecordError as e:
+        raise RecordError("unreadable_video", f"{e.detail}{of(record_id)}") from None
+
+
+def _container(head: bytes) -> str | None:
+    """The video container ``head`` (a file's first bytes) starts, as an extension; None if
+    none of :data:`VIDEO_EXTENSIONS`'."""
+    if head[4:8] in _MP4_BOXES:
+        brand = head[8:12] if head[4:8] == b"ftyp" else b""
+        return "mov" if brand == b"qt  " else "m4v" if brand.startswith(b"M4V") else "mp4"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):  # EBML: Matroska, or WebM by its DocType
+        return "webm" if b"webm" in head else "mkv"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    return None
+
+
+def _video_suffix(name: str, head: bytes, size: int, what: str) -> str:
+    """A video part's suffix: ``name``'s extension, lowercased (one of
+    :data:`VIDEO_EXTENSIONS`), or the container's when ``name`` has none.
+
+    Raises:
+        RecordError: ``unreadable_video``: another extension, or ``head`` starts no video.
+    """
+    extension = Path(name).suffix.lower().removeprefix(".")
+    if extension and extension not in VIDEO_EXTENSIONS:
+        raise RecordError(
+            "unreadable_video",
+            f"{what}: extension .{extension} is not one of {', '.join(VIDEO_EXTENSIONS)}; "
+            "remux it (ffmpeg -i IN -c copy OUT.mp4) and point the record at the new file",
+        )
+    container = _container(head)
+    if container is None:
+        raise RecordError("unreadable_video", f"{what} is not a video file: {_looks(head, size)}")
+    return f".{extension or container}"
+
+
+def _looks(head: bytes, size: int) -> str:
+    """What a file that is no video looks like, and the fix."""
+    if head.startswith(b"version https://git-lfs"):
+        return f"its {size:,} bytes are a Git LFS pointer; fetch the file (git lfs pull)"
+    if not size:
+        return "it is empty (0 bytes); download it again"
+    return (
+        f"its {size:,} bytes start {head[:12]!r}, as no {', '.join(VIDEO_EXTENSIONS)} "
+        "file does; download it again or fix the record's path"
+    )
+
+
+def _frames_folder(what: str, folder: Path) -> str:
+    """A video path that is a folder (ShareGPTVideo's videos are folders of frames)."""
+    try:
+        count = f"{sum(1 for _ in os.scandir(folder)):,} files"
+    except OSError:
+        count = "files"
+    return (
+        f"{what} is a folder ({count}), not a video file: encode its frames into one, e.g. "
+        f"ffmpeg -framerate 2 -pattern_type glob -i '{folder}/*.jpg' {folder.name}.mp4, and "
+        "point the record at it"
+    )

@@ -1,0 +1,120 @@
+"""Media faults before training (issue 31 item 4): ``convert`` and ``check`` decode every image
+by default (``--no-decode`` for speed); ``check`` and ``stats`` write every skipped key with its
+reason (``--skips FILE``)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import make_dataset, raw_sample
+from PIL import Image
+
+from energon_packing.tools.cli import main
+from energon_packing.tools.convert import convert
+
+TURNS = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]
+
+
+def jpeg(size=(64, 48)) -> bytes:
+    pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+GOOD = jpeg()
+#: the faults of issue 31: a JPEG cut short, and a body that is no image behind JPEG magic
+BROKEN = {
+    "cut.jpg": GOOD[: len(GOOD) // 2],
+    "garbage.jpg": GOOD[:4] + np.random.default_rng(1).bytes(4000),
+}
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_convert_decodes_every_image_and_no_decode_copies_them(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "good.jpg").write_bytes(GOOD)
+    for name, data in BROKEN.items():
+        (tmp_path / "images" / name).write_bytes(data)
+    records = [{"id": "good", "image": "good.jpg", "conversations": TURNS}]
+    records += [{"id": n, "image": n, "conversations": TURNS} for n in BROKEN]
+    # the same broken JPEG as a data: URI (bytes in the record, not a file)
+    cut = "data:image/jpeg;base64," + base64.b64encode(BROKEN["cut.jpg"]).decode()
+    records.append({"id": "inline", "image": cut, "conversations": TURNS})
+    source = tmp_path / "llava.json"
+    source.write_text(json.dumps(records))
+
+    result = convert(
+        source=source, out=tmp_path / "out", media_root=tmp_path / "images", prepare=False,
+        min_converted=0,
+    )  # fmt: skip
+    assert (result.converted, result.reported) == (1, {"corrupt_image": 3})
+    report = [json.loads(line) for line in (tmp_path / "out" / "convert_report.jsonl").open()]
+    assert [r["index"] for r in report] == [1, 2, 3]
+    for row, name in zip(report, [*BROKEN, "the image bytes"], strict=True):
+        assert name in row["detail"] and row["reason"] == "corrupt_image"
+    assert "record id 'cut.jpg'" in report[0]["detail"] and "truncated" in report[0]["detail"]
+
+    fast = convert(
+        source=source,
+        out=tmp_path / "fast",
+        media_root=tmp_path / "images",
+        prepare=False,
+        min_converted=0,
+        decode=False,
+    )
+    assert (fast.converted, fast.reported) == (4, {})  # what the loader alone would find
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """Shards with a good image, a cut one, an unlisted cut part, and a broken document."""
+
+    def doc(*images):
+        return {"messages": [{"role": "user", "content": "<image>" * len(images) + "What?"},
+                             {"role": "assistant", "content": "This."}], "images": list(images)}  # fmt: skip
+
+    samples = [
+        raw_sample("good", doc("a.jpg"), {"a.jpg": GOOD}),
+        raw_sample("cut", doc("a.jpg"), {"a.jpg": BROKEN["cut.jpg"]}),
+        # a part no document lists is never decoded by the loader: not a finding
+        raw_sample("extra", doc("a.jpg"), {"a.jpg": GOOD, "notes.bin": b"\xff\xd8\xff junk"}),
+        raw_sample("broken", "{not json"),
+    ]
+    return make_dataset(tmp_path_factory.mktemp("faulty"), [], raw=samples)
+
+
+def test_check_decodes_listed_images_and_writes_every_skip(faulty, tmp_path):
+    skips = tmp_path / "skips.jsonl"
+    result = run("check", faulty, "--skips", skips)
+    assert result.exit_code == 1, result.output
+    assert "3 image parts" in result.output and "1 unreadable" in result.output
+    assert "  cut  corrupt_image: image does not decode" in result.output
+    rows = [json.loads(line) for line in skips.open()]
+    assert [(r["key"], r["reason"]) for r in rows] == [("cut", "corrupt_image")]
+    assert rows[0]["member"] == "cut.a.jpg" and rows[0]["shard"].endswith(".tar")
+
+    fast = run("check", faulty, "--no-decode")
+    assert fast.exit_code == 0, fast.output
+    assert "image parts" not in fast.output
+
+
+@pytest.mark.energon
+def test_stats_writes_every_skipped_key_with_its_reason(faulty, tmp_path):
+    skips = tmp_path / "skips.jsonl"
+    result = run("stats", faulty, "--capacity", 512, "--buffer", 4, "--skips", skips)
+    assert result.exit_code == 0, result.output
+    rows = sorted((r["key"], r["reason"]) for r in map(json.loads, skips.open()))
+    # stats reads headers, never pixels: the cut image is the loader's to find
+    assert rows == [("broken", "malformed_json")]
+    assert f"1 skipped key(s) with their reasons in {skips}" in result.output
