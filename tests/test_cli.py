@@ -158,13 +158,39 @@ def test_commands_reject_a_missing_path(command):
 
 @pytest.fixture(scope="module")
 def processor_dir(tmp_path_factory):
-    """A Gemma 3 processor saved to a local directory, as a user's would be."""
+    """A Gemma 3 processor saved to a local directory, as a user's would be (beside the
+    model's config.json)."""
     pytest.importorskip("transformers")
     from energon_packing.testing.families import build
 
     path = tmp_path_factory.mktemp("processor")
-    build("gemma3")[0].save_pretrained(path)
+    processor, model, _ = build("gemma3")
+    processor.save_pretrained(path)
+    model.config.save_pretrained(path)
     return path
+
+
+@pytest.mark.slow
+def test_a_processor_dir_without_its_model_config_needs_model_type(tmp_path, synth_dataset):
+    from energon_packing.testing.families import build
+
+    build("gemma3", model=False)[0].save_pretrained(tmp_path)
+    args = ["stats", str(synth_dataset), "--capacity", "2048", "--processor", str(tmp_path)]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2, refused.output
+    assert "Gemma3Processor serves several models" in refused.output
+    assert "--model-type" in refused.output
+    out = invoke(
+        "stats",
+        synth_dataset,
+        "--capacity",
+        2048,
+        "--processor",
+        tmp_path,
+        "--model-type",
+        "gemma3",
+    )
+    assert "packs" in out
 
 
 @pytest.mark.slow  # each command through a processor dir: also tests/test_processor_loading.py

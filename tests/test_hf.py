@@ -275,17 +275,26 @@ def test_loader_packs_through_the_models_own_forward(hf_dataset, family, impl):
 
 
 def _reference_flash(calls: list):
-    """Dense and varlen attention with flash-attn's signatures, in float32 on CPU (exact, not
-    fast); each varlen call records its boundaries."""
+    """Dense and varlen attention with flash-attn's signatures (its local ``window_size`` too:
+    Aya Vision's sliding layers), in float32 on CPU (exact, not fast); each varlen call records
+    its boundaries."""
 
-    def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+    def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1)):
         repeat = q.shape[-2] // k.shape[-2]  # grouped-query heads, as the kernel does
         k, v = (x.repeat_interleave(repeat, dim=-2) for x in (k, v))
+        mask = None
+        if window_size[0] >= 0:  # flash-attn's local window: keys in [i - left, i + right]
+            query = torch.arange(q.shape[1])[:, None]
+            key = torch.arange(k.shape[1])[None, :]
+            mask = (key >= query - window_size[0]) & (key <= query + window_size[1])
+            if causal:
+                mask &= key <= query
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=causal,
+            attn_mask=mask,
+            is_causal=causal and mask is None,
             scale=softmax_scale,
         )
         return out.transpose(1, 2)
@@ -301,13 +310,19 @@ def _reference_flash(calls: list):
         dropout_p=0.0,
         softmax_scale=None,
         causal=False,
+        window_size=(-1, -1),
     ):
         assert torch.equal(cu_seqlens_q, cu_seqlens_k)
         bounds = cu_seqlens_q.tolist()
         calls.append((bounds, int(max_seqlen_q), causal))
         parts = [
             dense(
-                q[None, a:b], k[None, a:b], v[None, a:b], softmax_scale=softmax_scale, causal=causal
+                q[None, a:b],
+                k[None, a:b],
+                v[None, a:b],
+                softmax_scale=softmax_scale,
+                causal=causal,
+                window_size=window_size,
             )
             for a, b in zip(bounds, bounds[1:])
         ]

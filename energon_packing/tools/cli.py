@@ -106,6 +106,7 @@ _FLAGS = {
     "pad_multiple": "--pad-multiple",
     "max_pixels": "--max-pixels",
     "overlong": "--overlong",
+    "model_type": "--model-type",
 }
 
 
@@ -137,7 +138,19 @@ def main() -> None:
     """Loader-side sequence packing for Megatron-Energon."""
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    ctx.meta[param.name] = value  # read by _encoder: every command keeps its signature
+
+
 def _processor_option(fn):
+    fn = click.option(
+        "--model-type",
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        help="The model_type of the model's config.json, where the processor directory holds "
+        "none (decides the family where a processor class serves several models).",
+    )(fn)
     return click.option(
         "--processor",
         type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -383,6 +396,9 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor,
         max_input_seq_length=capacity, pad_multiple=pad_multiple, overlong=overlong, **extra
     )
     knobs.setdefault("max_skips_without_pack", None)  # finite passes: we report, never stop
+    context = click.get_current_context(silent=True)
+    if context is not None and context.meta.get("model_type"):
+        knobs["model_type"] = context.meta["model_type"]
     if max_pixels is not None:
         knobs["max_pixels"] = max_pixels
     if pad_multiple < 1:
