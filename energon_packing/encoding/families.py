@@ -10,13 +10,13 @@ image processor's real outputs must give the same replacements
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
@@ -32,7 +32,7 @@ class _Shape:
 
 def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     image_processor = processor.image_processor
-    smart_resize = sys.modules[type(image_processor).__module__].smart_resize
+    smart_resize = hf_compat.smart_resize_of(image_processor)
     patch, merge = image_processor.patch_size, image_processor.merge_size
     grids = []
     for h, w in (s for per_text in sizes for s in per_text):
