@@ -23,11 +23,13 @@ __all__ = [
     "BACKEND_METHODS",
     "FRACTIONAL_TIME_INTERVAL_SINCE",
     "GEMMA3_WINDOW_CUTS_BLOCKS_SINCE",
+    "LATER_PROCESSOR_MEDIA_SINCE",
     "PROCESSOR_MEDIA_SINCE",
     "SUPPORTED",
     "VIDEO_FRAMES_APART_SINCE",
     "TransformersCompatError",
     "alpha_on_white",
+    "attn_implementation",
     "backend_class",
     "check",
     "compile_chat_template",
@@ -37,6 +39,7 @@ __all__ = [
     "mixin_token_types",
     "processor_media_api",
     "require_processor_media",
+    "returns_mm_token_types",
     "smart_resize_of",
     "torchvision_available",
     "transformers_version",
@@ -56,6 +59,10 @@ GEMMA3_WINDOW_CUTS_BLOCKS_SINCE = (5, 13, 0)
 #: placeholder expansion as public methods; before, each processor expanded inside its
 #: ``__call__``) and ``image_token_ids``: released in 5.10.0. The processor path needs them.
 PROCESSOR_MEDIA_SINCE = (5, 10, 0)
+#: Gemma 3's, SmolVLM's and LLaVA-OneVision's processors define their own
+#: ``replace_image_token`` since 5.15.0 (Qwen's and Idefics3's since 5.10.0); before, the
+#: ``ProcessorMixin`` one raises ``NotImplementedError``.
+LATER_PROCESSOR_MEDIA_SINCE = (5, 15, 0)
 #: Qwen2-VL's and Qwen2.5-VL's ``get_vision_position_ids`` gives a video's frames their own
 #: temporal index since 5.6.0; 5.5.x gives all frames the start position times the interval
 #: and counts rows over all frames at once.
@@ -97,15 +104,22 @@ def _dotted(version: tuple[int, ...]) -> str:
 
 
 def processor_media_api(processor: Any = None) -> bool:
-    """Whether a processor (else the installed ``ProcessorMixin``) expands image and video
-    placeholders by public methods (``replace_image_token``, ``get_text_with_replacements``):
-    transformers 5.10+."""
+    """Whether a processor (instance or class; None: the installed ``ProcessorMixin``) expands
+    image placeholders by public methods: ``get_text_with_replacements`` and a
+    ``replace_image_token`` of its own (``ProcessorMixin``'s raises ``NotImplementedError``)."""
+    try:
+        from transformers.processing_utils import ProcessorMixin
+    except ImportError:
+        return False
     if processor is None:
-        try:
-            from transformers.processing_utils import ProcessorMixin as processor
-        except ImportError:
-            return False
-    return all(hasattr(processor, n) for n in ("replace_image_token", "get_text_with_replacements"))
+        return hasattr(ProcessorMixin, "replace_image_token")
+    cls = processor if isinstance(processor, type) else type(processor)
+    own = getattr(cls, "replace_image_token", None)
+    return (
+        hasattr(cls, "get_text_with_replacements")
+        and own is not None
+        and own is not getattr(ProcessorMixin, "replace_image_token", None)
+    )
 
 
 def require_processor_media(processor: Any) -> None:
@@ -116,10 +130,13 @@ def require_processor_media(processor: Any) -> None:
 
         raise TransformersCompatError(
             f"transformers {transformers.__version__}: {type(processor).__name__} has no "
-            f"replace_image_token / get_text_with_replacements (public in transformers "
-            f"{_dotted(PROCESSOR_MEDIA_SINCE)}): the processor path with images and videos needs "
-            f"transformers >={_dotted(PROCESSOR_MEDIA_SINCE)}; on older releases use the built-in "
-            f"layout (tokenizer=...) or a text processor, or upgrade transformers"
+            f"replace_image_token / get_text_with_replacements of its own (transformers "
+            f"{_dotted(PROCESSOR_MEDIA_SINCE)} for Qwen2/2.5/3-VL and Idefics3, "
+            f"{_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for Gemma 3, SmolVLM and LLaVA-OneVision): "
+            f"the processor path with images and videos needs transformers >="
+            f"{_dotted(PROCESSOR_MEDIA_SINCE)} (>={_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for "
+            f"those); on older releases use the built-in layout (tokenizer=...) or a text "
+            f"processor, or upgrade transformers"
         )
 
 
@@ -137,7 +154,8 @@ def _kwargs_class(cls: type) -> Any:
         if declared is not None and declared is not ProcessingKwargs:
             return declared
         module = sys.modules.get(klass.__module__)
-        found = getattr(module, f"{klass.__name__}Kwargs", None)
+        # the module's own names only: 5.23+ keeps the old class names as deprecated aliases
+        found = vars(module).get(f"{klass.__name__}Kwargs") if module else None
         if isinstance(found, type) and issubclass(found, dict):
             return found
     return ProcessingKwargs
@@ -145,20 +163,38 @@ def _kwargs_class(cls: type) -> Any:
 
 def merged_images_kwargs(processor: Any) -> dict:
     """What the processor's own ``__call__`` passes its image processor (``images_kwargs`` of
-    ``ProcessorMixin._merge_kwargs``, ``return_tensors="np"``). The kwargs class is a required
-    positional argument before 5.23 and defaults to ``valid_processor_kwargs`` since; it is
-    passed either way."""
+    ``ProcessorMixin._merge_kwargs``, ``return_tensors="np"``)."""
+    return dict(_merged(processor)["images_kwargs"])
+
+
+def returns_mm_token_types(processor: Any) -> bool:
+    """Whether the processor's own ``__call__`` returns ``mm_token_type_ids``: its merged
+    ``text_kwargs`` say so before 5.23 (the kwargs class's ``_defaults``), the merged kwargs'
+    top level or the processor's ``return_mm_token_type_ids`` attribute since."""
+    merged = _merged(processor)
+    for found in (merged.get("text_kwargs", {}), merged):
+        if "return_mm_token_type_ids" in found:
+            return bool(found["return_mm_token_type_ids"])
+    return bool(getattr(processor, "return_mm_token_type_ids", False))
+
+
+def _merged(processor: Any) -> dict:
+    """``ProcessorMixin._merge_kwargs`` as the processor's own ``__call__`` calls it. Before
+    5.23 the kwargs class is a required positional argument (``__call__`` names its own);
+    since, it defaults to the processor's ``valid_processor_kwargs`` and is left to it."""
     merge = getattr(processor, "_merge_kwargs", None)
     if merge is None:
         raise _fail(f"{type(processor).__name__}._merge_kwargs", "no such method")
     try:
+        first = next(iter(inspect.signature(merge).parameters.values()), None)
+        required = first is not None and first.default is inspect.Parameter.empty
+        args = (_kwargs_class(type(processor)),) if required else ()
         merged = merge(
-            _kwargs_class(type(processor)),
-            tokenizer_init_kwargs=processor.tokenizer.init_kwargs,
-            return_tensors="np",
+            *args, tokenizer_init_kwargs=processor.tokenizer.init_kwargs, return_tensors="np"
         )
-        return dict(merged["images_kwargs"])
-    except (TypeError, KeyError) as e:
+        merged["images_kwargs"]
+        return merged
+    except (TypeError, KeyError, ValueError) as e:
         raise _fail(f"{type(processor).__name__}._merge_kwargs(KwargsClass, ...)", e) from e
 
 
@@ -189,6 +225,12 @@ def torchvision_available() -> bool:
     from transformers.utils import is_torchvision_available
 
     return bool(is_torchvision_available())
+
+
+def attn_implementation(config: Any) -> str | None:
+    """The attention a model config was set to (``config._attn_implementation``: no public
+    getter); None for no config or none set."""
+    return getattr(config, "_attn_implementation", None) if config is not None else None
 
 
 # ---- the text side -----------------------------------------------------------------------------
@@ -275,10 +317,12 @@ def check() -> list[str]:
     if mixin_token_types() is None:
         raise _fail("ProcessorMixin.create_mm_token_type_ids", "no such method")
     checked.append("mixin_token_types")
-    parameters = inspect.signature(ProcessorMixin._merge_kwargs).parameters
-    if "tokenizer_init_kwargs" not in parameters:
-        raise _fail("ProcessorMixin._merge_kwargs", f"its parameters are {list(parameters)}")
-    if "images_kwargs" not in getattr(_kwargs_class(Qwen2VLProcessor), "__annotations__", {}):
+    parameters = list(inspect.signature(ProcessorMixin._merge_kwargs).parameters.values())
+    if "tokenizer_init_kwargs" not in [p.name for p in parameters] or len(parameters) < 2:
+        raise _fail("ProcessorMixin._merge_kwargs", f"its parameters are {parameters}")
+    if parameters[1].default is inspect.Parameter.empty and "images_kwargs" not in getattr(
+        _kwargs_class(Qwen2VLProcessor), "__annotations__", {}
+    ):
         raise _fail("Qwen2VLProcessor's ProcessingKwargs", "no images_kwargs")
     checked.append("merged_images_kwargs")
     if not callable(getattr(qwen_pil, "smart_resize", None)):

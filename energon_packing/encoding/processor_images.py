@@ -45,7 +45,7 @@ class ImageSide:
         unused = set(getattr(processor, "unused_input_names", None) or ())
         names = processor.image_processor.model_input_names
         self.fields = tuple(n for n in names if n not in unused)
-        returns_types = getattr(processor, "return_mm_token_type_ids", False)
+        returns_types = hf_compat.returns_mm_token_types(processor)
         self.token_types = family.token_types if returns_types else None
         self._per_token_types = _per_token_types(processor)
         self.markup = _markup(render, processor.image_token)

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from energon_packing.encoding import hf_compat
 from energon_packing.hf.masks import gemma3_mask_mapping
 from energon_packing.schema import (
     CU_SEQLENS,
@@ -146,7 +147,7 @@ def to_hf(
             "to_hf: the batch carries token_type_ids (Gemma 3): its forward needs a mask "
             "mapping built with its sliding window; pass model= or config="
         )
-    attn = attn_implementation or getattr(_text_config(config), "_attn_implementation", None)
+    attn = attn_implementation or hf_compat.attn_implementation(_text_config(config))
     varlen = "flash" in (attn or "")
     gemma3 = getattr(config, "model_type", None) == "gemma3"
     if gemma3 and varlen:
