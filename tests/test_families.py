@@ -249,8 +249,13 @@ def test_the_builtin_layout_and_a_chatml_processor_agree():
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", ""
     )
     tokenizer = make_tokenizer(pad="<|endoftext|>")
+    from energon_packing.config import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+
+    # the built-in layout's bounds, given: on transformers 5.12 Qwen2VLImageProcessorPil(
+    # max_pixels=...) elsewhere in the process writes into the class's default size dict
+    size = {"shortest_edge": DEFAULT_MIN_PIXELS, "longest_edge": DEFAULT_MAX_PIXELS}
     processor = image_only(Qwen2VLProcessor)(
-        image_processor=Qwen2VLImageProcessorPil(),
+        image_processor=Qwen2VLImageProcessorPil(size=size),
         tokenizer=tokenizer,
         chat_template=template,
     )
@@ -276,8 +281,11 @@ def test_bad_input_on_a_processor_path(caplog):
     from megatron.energon.errors import SkipSample
 
     caplog.set_level(logging.WARNING, logger="energon_packing")
+    from helpers import require_processor_media
+
     from energon_packing.testing.families import make_tokenizer
 
+    require_processor_media("gemma3")
     gemma, _, _ = build("gemma3")
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=gemma)
 

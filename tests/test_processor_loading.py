@@ -228,6 +228,9 @@ class _AutoConfig:
 
 @pytest.mark.processor_media
 def test_on_a_processor_path_the_family_decides_mrope():
+    from helpers import require_processor_media
+
+    require_processor_media("gemma3")
     qwen, _, _ = build("qwen2_vl", model=False)
     gemma, _, _ = build("gemma3", model=False)
     assert make_chat(processor=qwen, config=_AutoConfig()).mrope is not None
