@@ -146,3 +146,37 @@ def spawn_ranks(fn, world_size, tmp_path, *args, timeout=240):
             for process in context.processes:
                 process.kill()
             pytest.fail(f"ranks {alive} of {world_size} still running after {timeout} s")
+
+
+def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
+    """Why the processor path with images cannot run for ``family`` on the installed
+    transformers (None: it can): its processor has no ``replace_image_token`` of its own or no
+    ``get_text_with_replacements`` (transformers 5.10; Gemma 3, SmolVLM, LLaVA-OneVision: 5.15)."""
+    from energon_packing.encoding import hf_compat
+    from energon_packing.encoding.families import FAMILIES
+
+    if hf_compat.transformers_version() is None:
+        return None
+    import transformers
+
+    (name,) = next(f.classes for f in FAMILIES if family in (f.name, *f.model_types))
+    if hf_compat.processor_media_api(getattr(transformers, name)):
+        return None
+    since = hf_compat.PROCESSOR_MEDIA_SINCE
+    if hf_compat.processor_media_api():
+        since = hf_compat.LATER_PROCESSOR_MEDIA_SINCE
+    return (
+        f"transformers {transformers.__version__}: {name} lacks its own replace_image_token / "
+        f"get_text_with_replacements (transformers {'.'.join(map(str, since))}): the "
+        f"processor path with images"
+    )
+
+
+def require_processor_media(family: str = "qwen2_vl") -> None:
+    """Skips the calling test (naming the missing feature) where
+    :func:`processor_media_skip_reason` says so."""
+    import pytest
+
+    reason = processor_media_skip_reason(family)
+    if reason:
+        pytest.skip(reason)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import require_processor_media
 from megatron.energon.errors import SkipSample
 from PIL import Image
 
@@ -322,6 +323,14 @@ def observe_video(**knobs):
 
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
 # knob -> (baseline knobs, changed knobs[, observer])
+#: knobs whose cases encode images or videos on the processor path
+PROCESSOR_MEDIA_CASES = (
+    "chat_template_kwargs",
+    "max_video_frames",
+    "max_video_tokens",
+    "tokens_per_second",
+    "video_config",
+)
 KNOB_CASES = {
     "max_input_seq_length": ({}, {"max_input_seq_length": 4096}),
     "pad_multiple": ({}, {"pad_multiple": 64}),
@@ -390,6 +399,8 @@ def test_a_knob_off_its_path_raises_naming_what_to_use(knob, path):
     """Every knob declared for one path only raises on the other, naming the replacement."""
     from energon_packing.testing.families import build
 
+    if path == PROCESSOR and knob.name in ("min_pixels", "max_pixels"):
+        require_processor_media()  # checked where the image side is built
     source = {"tokenizer": "bundled"} if path == BUILTIN else {"processor": build("qwen2_vl")[0]}
     value = _other_value(knob)
     with pytest.raises(ValueError, match=f"{knob.name}={value!r} does not apply") as info:
@@ -461,6 +472,8 @@ def test_sections_hold_the_fields_and_flat_names_read_them():
 
 @pytest.mark.parametrize("knob", sorted(KNOB_CASES))
 def test_every_knob_changes_behaviour(knob):
+    if knob in PROCESSOR_MEDIA_CASES:
+        require_processor_media()
     base, changed, *observer = KNOB_CASES[knob]
     run = observer[0] if observer else observe
     assert run(**base) != run(**changed), f"{knob} was accepted but changed nothing"

@@ -21,6 +21,7 @@ import torch
 from helpers import loader_batches, make_dataset
 
 from energon_packing import PackContractError, PackingTaskEncoder
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.images import decode
 from energon_packing.hf import IGNORE_INDEX, HFInputs, gemma3_mask_mapping, text_positions, to_hf
 from energon_packing.schema import BOOKKEEPING_KEYS, Source, collate, empty_batch, layout
@@ -127,15 +128,43 @@ def test_flash_attention_boundaries_are_what_transformers_derives():
     assert "cu_seq_lens_q" not in to_hf(_batch(), attn_implementation="sdpa")
 
 
+#: transformers 5.18 stopped passing a VLM forward's keyword arguments into its vision tower
+VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
+
+
+def gemma3_masks_of_installed_transformers(config, token_types: list[int], positions) -> dict:
+    """The mask mapping the installed ``Gemma3Model.forward`` builds for one row, by the
+    release's own helper: ``create_masks_for_vision_model`` (5.13+); ``create_causal_mask`` and
+    ``create_sliding_window_causal_mask`` with ``block_sequence_ids`` (5.10-5.12);
+    ``create_causal_mask_mapping`` with ``token_type_ids`` (before 5.10)."""
+    import transformers.models.gemma3.modeling_gemma3 as gemma3
+
+    types = torch.tensor([token_types])
+    common = dict(
+        config=config,
+        inputs_embeds=torch.zeros(1, types.shape[1], config.hidden_size),
+        attention_mask=None,
+        position_ids=positions[None],
+    )
+    if hasattr(gemma3, "create_masks_for_vision_model"):
+        blocks = gemma3.get_block_sequence_ids_for_mask(types)
+        return gemma3.create_masks_for_vision_model(**common, cache=None, block_sequence_ids=blocks)
+    if hasattr(gemma3, "get_block_sequence_ids_for_mask"):
+        blocks = gemma3.get_block_sequence_ids_for_mask(types)
+        kwargs = dict(**common, past_key_values=None, block_sequence_ids=blocks)
+        return {
+            "full_attention": gemma3.create_causal_mask(**kwargs),
+            "sliding_attention": gemma3.create_sliding_window_causal_mask(**kwargs),
+        }
+    return gemma3.create_causal_mask_mapping(
+        **common, past_key_values=None, token_type_ids=types, is_first_iteration=True
+    )
+
+
 def test_gemma3_masks_are_transformers_own_per_conversation():
     """The mapping of a pack is, block by block, what ``transformers`` builds for each
     conversation alone (image blocks bidirectional, sliding window), and nothing across
     conversations; ``transformers``' own mask for the packed row is not."""
-    from transformers.models.gemma3.modeling_gemma3 import (
-        create_masks_for_vision_model,
-        get_block_sequence_ids_for_mask,
-    )
-
     config = transformers.Gemma3TextConfig(
         vocab_size=32,
         hidden_size=16,
@@ -150,15 +179,7 @@ def test_gemma3_masks_are_transformers_own_per_conversation():
     conversations_types = [[0, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0]]  # 1: image tokens
 
     def own(token_types: list[int], positions: torch.Tensor) -> dict:
-        types = torch.tensor([token_types])
-        return create_masks_for_vision_model(
-            config=config,
-            inputs_embeds=torch.zeros(1, types.shape[1], 16),
-            attention_mask=None,
-            cache=None,
-            position_ids=positions[None],
-            block_sequence_ids=get_block_sequence_ids_for_mask(types),
-        )
+        return gemma3_masks_of_installed_transformers(config, token_types, positions)
 
     cu_padded = torch.tensor([0, 8, 16])
     token_types = torch.zeros(1, 16, dtype=torch.int64)
@@ -180,7 +201,9 @@ def test_gemma3_masks_are_transformers_own_per_conversation():
             alone = own(types, torch.arange(n))[name][0, 0]
             assert torch.equal(mask[start : start + n, start : start + n], alone), name
     differs = theirs_packed["sliding_attention"][0, 0] != ours["sliding_attention"][0, 0]
-    assert differs[8:14, 8:14].any()  # the second conversation reads the first one's blocks
+    # 5.13+: inside the second conversation transformers' packed-row mask is not its own (it
+    # reads the first one's blocks); before 5.13 it is, on this row
+    assert differs[8:14, 8:14].any() == hf_compat.gemma3_window_cuts_blocks()
 
 
 # ---- loader packs through each family's own forward ---------------------------------------------
@@ -235,6 +258,7 @@ def _matrix():
 
 @pytest.mark.energon
 @pytest.mark.parametrize(("family", "impl"), list(_matrix()))
+@pytest.mark.processor_media
 def test_loader_packs_through_the_models_own_forward(hf_dataset, family, impl):
     """Every loader pack through ``to_hf`` and the model as it is: each conversation's logits
     equal it alone, the loss adds up, and the old input form is wrong."""
@@ -343,11 +367,19 @@ def _reference_flash(calls: list):
         ),
     ],
 )
+@pytest.mark.processor_media
 def test_flash_attention_2_through_transformers_own_integration(hf_dataset, family, monkeypatch):
     """``transformers``' flash-attention integration on CPU, the CUDA kernel replaced by the
     reference: every causal (decoder) call gets the pack's padded boundaries from ``to_hf``, and
     the logits equal sdpa's on the same pack. Gemma 3 refuses flash attention."""
     import transformers.modeling_flash_attention_utils as flash_utils
+
+    if hf_compat.transformers_version() < VISION_TAKES_OWN_KWARGS_SINCE:
+        pytest.skip(
+            f"transformers {transformers.__version__} passes the forward's flash-attention "
+            f"arguments (cu_seq_lens_q) into the vision tower too (get_image_features(**kwargs), "
+            f"until 5.18): to_hf's varlen boundaries with images need transformers 5.18"
+        )
 
     calls: list = []
     dense, varlen = _reference_flash(calls)

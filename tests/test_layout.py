@@ -204,6 +204,74 @@ def test_energon_internals_live_in_one_module():
     assert list(deep) == [ENERGON_INTERNALS_MODULE], deep
 
 
+#: the one module that reads transformers' internals (docs/compatibility.md)
+HF_COMPAT_MODULE = "energon_packing/encoding/hf_compat.py"
+
+
+def private_uses(path: Path) -> list[str]:
+    """What a module reads past a library's public surface: transformers imports below the
+    top-level package (``transformers.models...``, ``transformers.utils...``) or of ``_names``,
+    and ``x._name`` attributes / ``getattr(x, "_name")`` on anything but ``self`` and ``cls``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("transformers.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformers"):
+            if node.module != "transformers":
+                found.append(node.module)
+            found += [f"transformers.{a.name}" for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            owner = node.value
+            if not node.attr.startswith("__") and not (
+                isinstance(owner, ast.Name) and owner.id in ("self", "cls", "klass")
+            ):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            owner = node.args[0] if node.args else None
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls", "klass"):
+                continue
+            text = str(name.value) if isinstance(name, ast.Constant) else ""
+            if text.startswith("_") and not text.startswith("__"):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_private_transformers_api_lives_in_one_module():
+    """Only ``hf_compat`` reads transformers' internals; the library (tools and test support
+    aside) calls its public API, and the Energon module reads Energon's internals alone."""
+    uses = {}
+    for path in modules():
+        if room_of(path) not in LIBRARY:
+            continue
+        found = private_uses(path)
+        if str(path.relative_to(PACKAGE.parent)) == ENERGON_INTERNALS_MODULE:
+            found = [f for f in found if "transformers" in f]
+        if found:
+            uses[str(path.relative_to(PACKAGE.parent))] = found
+    assert list(uses) == [HF_COMPAT_MODULE], uses
+    assert any("_merge_kwargs" in u for u in uses[HF_COMPAT_MODULE])
+
+
+def test_the_private_api_checker_flags_planted_uses(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import transformers\n"
+        "from transformers import AutoProcessor, _private\n"
+        "from transformers.processing_utils import ProcessorMixin\n"
+        "def f(processor, self):\n"
+        "    self._ok, processor.__class__, processor.tokenizer\n"
+        "    processor._merge_kwargs()\n"
+        "    return getattr(processor, '_tokenizer'), getattr(processor, 'public')\n"
+    )
+    assert private_uses(planted) == [
+        "transformers._private",
+        "transformers.processing_utils",
+        "processor._merge_kwargs",
+        "getattr(processor, '_tokenizer')",
+    ]
+
+
 @pytest.mark.parametrize(
     "path",
     [p for p in modules() if not p.name.startswith("_")],
@@ -317,12 +385,17 @@ def test_the_public_surface_is_listed_once_and_exported_both_ways():
     assert not set(energon.__all__) & internals
 
 
+@pytest.mark.processor_media
 def test_both_chat_layouts_are_the_one_declared_interface():
     """The task encoder talks to the built-in layout and to a processor's through
     ``ChatLayout`` alone: both are one, and it probes neither for optional methods."""
+    from helpers import require_processor_media
+
     from energon_packing import PackingTaskEncoder
     from energon_packing.encoding.chat import ChatLayout
     from energon_packing.testing.families import build
+
+    require_processor_media("gemma3")
 
     chats = [
         PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=64).chat,

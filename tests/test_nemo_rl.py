@@ -158,6 +158,7 @@ def processor():
     return build("qwen2_vl")[0]
 
 
+@pytest.mark.processor_media
 def test_the_task_encoder_takes_nemo_rls_constructor_arguments(processor):
     # NeMo-RL's loader calls encoder(adapter=, cooker_functions=, include_source_ids=, packer=,
     # tokenizer=, sequence_length_pad_multiple=, only_unmask_final=, **task_encoder.options)
@@ -203,6 +204,7 @@ def test_the_task_encoder_takes_nemo_rls_constructor_arguments(processor):
         )
 
 
+@pytest.mark.processor_media
 def test_the_task_encoder_yields_nemo_rls_batches(processor):
     te = NemoRLTaskEncoder(
         adapter=Adapter(processor),

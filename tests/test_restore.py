@@ -228,6 +228,7 @@ def test_a_balanced_state_saved_in_attention_units_restores_to_the_same_packs():
     assert [b["source_ids"] for b in itertools.islice(iter(restored), 4)] == expected
 
 
+@pytest.mark.processor_media
 def test_a_changed_video_rule_refuses_the_restore():
     """The effective video rule is saved beside the knobs: a processor whose own video
     settings differ (a directory's, not a knob) refuses the restore; a state an older release

@@ -59,7 +59,10 @@ def _fractional(steps) -> bool:
     return bool(((weights > 0) & (weights < 1)).any())
 
 
-@pytest.mark.parametrize("kind, recipe", [("tiny", "shim"), ("qwen2_vl", "hf")])
+@pytest.mark.parametrize(
+    "kind, recipe",
+    [("tiny", "shim"), pytest.param("qwen2_vl", "hf", marks=pytest.mark.processor_media)],
+)
 def test_one_rank_accumulating_packs_trains_the_unpacked_model(kind, recipe):
     te, net, steps = setup(kind, 1)
     assert _fractional(steps), "the proof needs conversations at fractional loss weight"

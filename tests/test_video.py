@@ -11,6 +11,7 @@ container header before a frame is decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from energon_packing.encoding import hf_compat
 from energon_packing.media.video import VideoError, VideoRule, decode, probe, process
 
 DATA = Path(__file__).parent / "data" / "video"
@@ -168,8 +170,17 @@ def test_video_positions_are_the_installed_models_get_rope_index(family, source,
         source = split
     types = [kind for kind, n, _, _ in source for _ in range(n)]
     grids = [grid for _, _, grid, _ in source if grid is not None]
-    intervals = [tokens_per_second * s for s in seconds] if family == "qwen2_5_vl" else []
-    ours = vision_positions(types, grids, merge_size=2, time_intervals=intervals)
+    # the installed release's rule: before transformers 5.18 the seconds are truncated first
+    fractional = hf_compat.fractional_time_interval()
+    intervals = [tokens_per_second * (s if fractional else int(s)) for s in seconds]
+    intervals = intervals if family == "qwen2_5_vl" else []
+    ours = vision_positions(
+        types,
+        grids,
+        merge_size=2,
+        time_intervals=intervals,
+        video_frames_apart=hf_compat.video_frames_apart(),
+    )
     expected = models_positions(family, types, images, videos, seconds, tokens_per_second)
     np.testing.assert_array_equal(ours, expected)
 
@@ -345,3 +356,7 @@ def test_qwen2_5_time_intervals_are_the_models_float32_product(tokens_per_second
     time_interval = tokens_per_second * torch.tensor([2 / 3], dtype=torch.float32)[0]
     torch_way = (torch.arange(60) * time_interval).long()
     assert temporal.tolist() == torch_way.tolist()
+    # before transformers 5.18: tokens_per_second * int(second_per_grid_ts), 0 for 2/3 s
+    assert plan.time_intervals(tokens_per_second, fractional=False) == [0.0]
+    plan = dataclasses.replace(plan, second_per_grid=1.5)
+    assert plan.time_intervals(tokens_per_second, fractional=False) == [float(tokens_per_second)]

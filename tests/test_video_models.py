@@ -55,6 +55,7 @@ def rows_of(grids: torch.Tensor, owners: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.processor_media
 def test_a_video_pack_gives_each_conversations_own_logits(family):
     """Per-source logits of a pack of video conversations (and the image+video one) are the
     model's logits for each conversation alone (max abs diff <= 1e-5, float32)."""

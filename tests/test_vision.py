@@ -110,7 +110,7 @@ def test_bit_equal_to_transformers(width, height, mode, fmt):
     pixels, grid = patchify(data, SMALL)
     assert np.array_equal(pixels, reference["pixel_values"])
     assert [list(grid)] == reference["image_grid_thw"].tolist()
-    assert pixels.shape[0] == processor.get_number_of_image_patches(height, width)
+    assert pixels.shape[0] == processor.get_number_of_image_patches(height, width, {})
 
 
 def test_vision_config_validates():

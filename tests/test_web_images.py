@@ -462,6 +462,7 @@ def test_web_images_through_the_real_loader_with_workers(web_dataset, carry):
 
 @pytest.mark.energon
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.processor_media
 def test_web_images_on_the_processor_path(web_dataset, workers):
     """The same corpus through a Qwen2-VL processor: the same outcomes, the same upright grid."""
     from energon_packing.testing.families import build

@@ -10,14 +10,14 @@ image processor's real outputs must give the same replacements
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from energon_packing.encoding.models import ModelInfo, processor_model_types
+from energon_packing.encoding import hf_compat
+from energon_packing.encoding.models import ModelInfo
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
@@ -33,7 +33,7 @@ class _Shape:
 
 def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     image_processor = processor.image_processor
-    smart_resize = sys.modules[type(image_processor).__module__].smart_resize
+    smart_resize = hf_compat.smart_resize_of(image_processor)
     patch, merge = image_processor.patch_size, image_processor.merge_size
     grids = []
     for h, w in (s for per_text in sizes for s in per_text):
@@ -125,7 +125,7 @@ def _llava_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
 def _tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     """InternVL's and Aya Vision's tiling (GOT-OCR2's image processor): tiles per image, with
     the processor's own image defaults (both crop to tiles)."""
-    defaults = dict(getattr(type(processor), "images_kwargs", None) or {})
+    defaults = hf_compat.merged_images_kwargs(processor)
     count = processor.image_processor.get_number_of_image_patches
     return {"num_patches": [count(h, w, defaults) for per_text in sizes for h, w in per_text]}
 
@@ -288,7 +288,7 @@ def check_model(family: Family, processor_class: str, info: ModelInfo | None) ->
                 f"positions, masks or layers are not that family's)"
             )
         return
-    others = sorted(set(processor_model_types(processor_class)) - set(family.model_types))
+    others = sorted(set(hf_compat.processor_model_types(processor_class)) - set(family.model_types))
     if others:
         raise ValueError(
             f"{processor_class} serves several models ({', '.join(family.model_types)} are "

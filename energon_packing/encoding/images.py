@@ -7,8 +7,9 @@ orientation is applied, as ``transformers.image_utils.load_image`` does
 (``PIL.ImageOps.exif_transpose``): :func:`probe` reads the tag from the header and returns the
 size of the upright image, :func:`decode` returns its pixels.
 
-Colour conversion follows transformers' PIL image processors: alpha composited on white, then
-RGB. High-bit-depth and float images are the exception (``high_bit_depth``): PIL's
+Colour conversion follows the installed transformers' PIL image processors: alpha composited on
+white, then RGB (5.21+; before, PIL's ``convert("RGB")`` drops the alpha:
+:func:`~energon_packing.encoding.hf_compat.alpha_on_white`). High-bit-depth and float images are the exception (``high_bit_depth``): PIL's
 ``convert("RGB")`` saturates them (a 16-bit PNG turns white, a float TIFF in [0, 1] black);
 ``"scale"`` maps their range onto 0..255 first (in row strips: a few bytes per pixel, never a
 64-bit copy of the image), ``"clip"`` keeps PIL's (and transformers') behaviour for bit-equality
@@ -26,6 +27,7 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image
 
+from energon_packing.encoding import hf_compat
 from energon_packing.errors import Skip, describe
 
 __all__ = [
@@ -240,7 +242,8 @@ def verify(data: bytes) -> tuple[int, int]:
 def _to_rgb(image: Image.Image, high_bit_depth: str) -> Image.Image:
     if high_bit_depth == "scale" and (image.mode.startswith("I") or image.mode == "F"):
         image = _scaled(image)
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
+    alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if alpha and hf_compat.alpha_on_white():
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, image).convert("RGB")

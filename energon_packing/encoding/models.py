@@ -35,7 +35,6 @@ __all__ = [
     "info_of",
     "model_info",
     "model_info_for_type",
-    "processor_model_types",
     "read_model_info",
 ]
 
@@ -247,16 +246,6 @@ def check_layers(info: ModelInfo, *, allow_stateful_layers: bool, where: str) ->
         f"{described}: such layers do not keep packed conversations apart; "
         f"{STATEFUL_FIX}"
     )
-
-
-def processor_model_types(class_name: str) -> tuple[str, ...]:
-    """The model types whose ``AutoProcessor`` is ``class_name``, as the installed
-    ``transformers`` maps them (``()`` where it has no such table)."""
-    try:
-        from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-    except ImportError:
-        return ()
-    return tuple(sorted(t for t, name in PROCESSOR_MAPPING_NAMES.items() if name == class_name))
 
 
 def find_model_config(source: Any) -> Path | None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from energon_packing.encoding import hf_compat
+
 __all__ = [
     "IMAGE",
     "TEXT",
@@ -67,7 +69,12 @@ def mrope_positions(
     runs = np.flatnonzero(np.diff(types, prepend=TEXT) != 0)
     kinds = types[runs]
     video_grids = [g for plan in videos for g in plan.rope_grids()]
-    intervals = [i for plan in videos for i in plan.time_intervals(spec.tokens_per_second)]
+    fractional = hf_compat.fractional_time_interval()  # the installed model's rule
+    intervals = [
+        i
+        for plan in videos
+        for i in plan.time_intervals(spec.tokens_per_second, fractional=fractional)
+    ]
     image_of, video_of = iter(grids), iter(zip(video_grids, intervals))
     ordered, ordered_intervals = [], []
     for kind in kinds[kinds != TEXT]:
@@ -86,7 +93,11 @@ def mrope_positions(
     if next(image_of, None) is not None or next(video_of, None) is not None:
         raise ValueError(f"{len(grids)} image and {len(videos)} video grids for fewer runs")
     return vision_positions(
-        types, ordered, merge_size=spec.merge_size, time_intervals=ordered_intervals
+        types,
+        ordered,
+        merge_size=spec.merge_size,
+        time_intervals=ordered_intervals,
+        video_frames_apart=hf_compat.video_frames_apart(),
     )
 
 
@@ -100,22 +111,32 @@ def vision_positions(
     *,
     merge_size: int,
     time_intervals: Sequence[float] = (),
+    video_frames_apart: bool = True,
 ) -> np.ndarray:
-    """``[3, n]`` positions as transformers 5.24's ``get_rope_index`` of Qwen2-VL, Qwen2.5-VL
-    and Qwen3-VL computes them for one source.
+    """``[3, n]`` positions as ``get_rope_index`` of Qwen2-VL, Qwen2.5-VL and Qwen3-VL computes
+    them for one source (transformers 5.5 to 5.24 alike, given the time intervals).
 
     ``token_types`` are the ``mm_token_type_ids`` (0 text, 1 image, 2 video); each maximal run
     of one vision type is the next grid of ``grids`` (images and videos in source order).
     Text advances all three rows together. A grid's tokens get (temporal, row, column) of its
     merged grid offset by the position so far, the temporal index scaled by the video's
     ``time_intervals`` entry (Qwen2.5-VL: ``tokens_per_second * second_per_grid_ts``, in
-    float32 and truncated as the model does; 1 for images and the other families). For
+    float32 and truncated as the model does, its seconds truncated first before transformers
+    5.18: :func:`~energon_packing.encoding.hf_compat.fractional_time_interval`; 1 for images and
+    the other families). For
     Qwen3-VL pass each video as t grids ``(1, h, w)``, one per temporal patch (its
     timestamps' text separates them, and its ``get_rope_index`` splits the grid so). Text
     after
     a grid resumes at the position before it + ``max(h, w) // merge_size``: the temporal
     extent is ignored (for an image, t = 1, that is the grid's largest position + 1, the rule
-    of transformers <= 5.2 and the original Qwen code, which differ only for videos).
+    of transformers <= 5.2 and the original Qwen code, which differ only for videos; every
+    release from 5.5, the supported floor, resumes so).
+
+    ``video_frames_apart=False`` is transformers 5.5.x's rule for a video's own tokens (its
+    ``get_vision_position_ids``, rewritten in 5.6.0): every temporal position is the position
+    before the video times its time interval, and the rows are counted over all frames at once
+    (``arange(h).repeat_interleave(w * t)``); images (t = 1) and Qwen3-VL's one-frame grids get
+    the same positions either way.
     """
     types = np.asarray(token_types, dtype=np.int64)
     positions = np.empty((3, len(types)), dtype=np.int64)
@@ -138,6 +159,15 @@ def vision_positions(
                 f"the vision run at token {start} has {end - start} tokens, its grid "
                 f"{(t, h, w)} needs {t * gh * gw}"
             )
+        if types[start] == VIDEO and not video_frames_apart:
+            interval = next(interval_of, None) if time_intervals else 1.0
+            if interval is None:
+                raise ValueError(f"{len(time_intervals)} time intervals for more video runs")
+            positions[0, start:end] = int(np.float32(current) * np.float32(interval))
+            positions[1, start:end] = current + np.repeat(np.arange(gh), gw * t)
+            positions[2, start:end] = current + np.tile(np.arange(gw), gh * t)
+            current += max(gh, gw)
+            continue
         temporal = np.arange(t)
         if types[start] == VIDEO:
             interval = next(interval_of, None) if time_intervals else 1.0

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.chat import Skip, brief
 from energon_packing.encoding.families import Family
 from energon_packing.encoding.images import decode
@@ -36,17 +37,15 @@ class ImageSide:
     """
 
     def __init__(self, processor: Any, family: Family, render: Callable[[list[dict]], str]):
+        hf_compat.require_processor_media(processor)
         self.processor = processor
         self.family = family
         # what the processor's own __call__ passes its image processor, and keeps of it
-        merged = processor._merge_kwargs(
-            tokenizer_init_kwargs=processor.tokenizer.init_kwargs, return_tensors="np"
-        )
-        self.images_kwargs = dict(merged["images_kwargs"])
+        self.images_kwargs = hf_compat.merged_images_kwargs(processor)
         unused = set(getattr(processor, "unused_input_names", None) or ())
         names = processor.image_processor.model_input_names
         self.fields = tuple(n for n in names if n not in unused)
-        returns_types = getattr(processor, "return_mm_token_type_ids", False)
+        returns_types = hf_compat.returns_mm_token_types(processor)
         self.token_types = family.token_types if returns_types else None
         self._per_token_types = _per_token_types(processor)
         self.markup = _markup(render, processor.image_token)
@@ -215,12 +214,9 @@ class ImageSide:
 def _per_token_types(processor: Any) -> bool:
     """Whether ``create_mm_token_type_ids`` is ``ProcessorMixin``'s own (a modality per id,
     read from ``image_token_ids`` and friends): then a pack's ids may go through one call."""
-    try:
-        from transformers.processing_utils import ProcessorMixin
-    except Exception:
-        return False
+    mixin = hf_compat.mixin_token_types()
     mine = getattr(type(processor), "create_mm_token_type_ids", None)
-    return mine is not None and mine is getattr(ProcessorMixin, "create_mm_token_type_ids", None)
+    return mine is not None and mine is mixin
 
 
 def _markup(

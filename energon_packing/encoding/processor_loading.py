@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from energon_packing.encoding import hf_compat
 from energon_packing.errors import describe
 
 __all__ = ["image_only", "load_processor", "video_settings"]
@@ -94,9 +95,7 @@ def _processor_class_name(path: Path) -> str | None:
 
 
 def _torchvision_available() -> bool:
-    from transformers.utils import is_torchvision_available
-
-    return bool(is_torchvision_available())
+    return hf_compat.torchvision_available()
 
 
 def load_processor(path: str | Path) -> Any:

@@ -7,10 +7,15 @@ Pure Python over a compiled chat template and tokenizer offsets; no torch, no nu
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from energon_packing.encoding import hf_compat
+
 __all__ = ["backend_encoder", "compiled_renderer", "span_mask", "tokenize"]
+
+logger = logging.getLogger(__name__)
 
 
 class _Compiled:
@@ -21,9 +26,7 @@ class _Compiled:
         self._compile()
 
     def _compile(self) -> None:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        self.compiled = _compile_jinja_template(self.template)
+        self.compiled = hf_compat.compile_chat_template(self.template)
 
     def __getstate__(self) -> dict:
         return {"template": self.template, "variables": self.variables}
@@ -57,7 +60,8 @@ def compiled_renderer(
         return None
     try:
         fast = _Compiled(template, variables)
-    except Exception:  # another transformers release: apply_chat_template alone
+    except Exception as e:  # another transformers release: apply_chat_template alone
+        logger.debug("chat template: apply_chat_template alone (%s)", e)
         return None
     parts = [{"type": "text", "text": "A"}] + [{"type": "image"}] * images
     probe = [
@@ -91,7 +95,7 @@ class _BackendEncoder:
 
     def __call__(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
         tokenizer = self.tokenizer
-        backend = tokenizer._tokenizer
+        backend = tokenizer.backend_tokenizer
         if (
             backend.truncation is not None
             or backend.padding is not None
@@ -114,13 +118,13 @@ def backend_encoder(tokenizer: Any) -> Callable[[str, bool], tuple[list, list]] 
     switched): ``__call__`` resets that state; the direct call must not read past it.
     """
     try:
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except Exception:  # another transformers release: the tokenizer alone
+        backend = hf_compat.backend_class()
+    except hf_compat.TransformersCompatError as e:  # the tokenizer alone
+        logger.debug("tokenizer: its own __call__ (%s)", e)
         return None
     cls = type(tokenizer)
-    if not isinstance(tokenizer, TokenizersBackend) or any(
-        getattr(cls, name) is not getattr(TokenizersBackend, name)
-        for name in ("__call__", "_encode_plus", "set_truncation_and_padding")
+    if not isinstance(tokenizer, backend) or any(
+        getattr(cls, name) is not getattr(backend, name) for name in hf_compat.BACKEND_METHODS
     ):
         return None
     encode = _BackendEncoder(tokenizer)

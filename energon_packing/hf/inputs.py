@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.families import family_of_model
 from energon_packing.encoding.models import StatefulLayersError, check_layers, model_info
 from energon_packing.hf.masks import gemma3_mask_mapping
@@ -159,7 +160,7 @@ def to_hf(
             "to_hf: the batch carries token_type_ids (Gemma 3): its forward needs a mask "
             "mapping built with its sliding window; pass model= or config="
         )
-    attn = attn_implementation or getattr(_text_config(config), "_attn_implementation", None)
+    attn = attn_implementation or hf_compat.attn_implementation(_text_config(config))
     varlen = "flash" in (attn or "")
     if config is not None and _stateful(config, model, allow_stateful_layers):
         varlen = True  # the boundaries are what those layers' kernels read

@@ -10,14 +10,21 @@ first conversation's blocks. The forward takes the finished mapping instead
     blocks     . i i . . . | . . j j j . . .      (runs of token_type_ids == 1)
     allowed    same segment AND (key <= query OR same block) [AND key > query - window]
 
+On the sliding layers that is transformers 5.13's rule (``create_masks_for_vision_model``:
+the window cuts image blocks too); before 5.13 an image block stays whole under the window,
+``(key <= query AND key > query - window) OR same block``. The installed release's rule is
+built (:func:`energon_packing.encoding.hf_compat.gemma3_window_cuts_blocks`).
+
 Additive ``[1, 1, C, C]`` in the model's dtype (0 where allowed, the dtype's minimum elsewhere),
 the form eager and sdpa both read: two of them per pack (at C = 8192 in bfloat16, 128 MiB
-each), dense attention over the row. No ``transformers`` import.
+each), dense attention over the row. No ``transformers`` import here.
 """
 
 from __future__ import annotations
 
 import torch
+
+from energon_packing.encoding import hf_compat
 
 __all__ = ["additive_mask", "gemma3_mask_mapping", "image_blocks", "segment_ids"]
 
@@ -43,16 +50,21 @@ def additive_mask(
     *,
     blocks: torch.Tensor | None = None,
     window: int | None = None,
+    window_cuts_blocks: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``[1, 1, C, C]``: 0 where a query (row) may attend a key (column), dtype min elsewhere."""
+    """``[1, 1, C, C]``: 0 where a query (row) may attend a key (column), dtype min elsewhere.
+    ``window_cuts_blocks=False``: an image block is whole under the window (transformers
+    before 5.13)."""
     positions = torch.arange(len(segments), device=segments.device)
     query, key = positions[:, None], positions[None, :]
     allowed = key <= query
+    if window is not None and not window_cuts_blocks:
+        allowed &= key > query - window
     if blocks is not None:
         allowed = allowed | ((blocks[:, None] == blocks[None, :]) & (blocks[:, None] >= 0))
     allowed &= segments[:, None] == segments[None, :]
-    if window is not None:
+    if window is not None and window_cuts_blocks:
         allowed &= key > query - window
     mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
@@ -72,6 +84,10 @@ def gemma3_mask_mapping(
     return {
         "full_attention": additive_mask(segments, blocks=blocks, dtype=dtype),
         "sliding_attention": additive_mask(
-            segments, blocks=blocks, window=sliding_window, dtype=dtype
+            segments,
+            blocks=blocks,
+            window=sliding_window,
+            window_cuts_blocks=hf_compat.gemma3_window_cuts_blocks(),
+            dtype=dtype,
         ),
     }

@@ -495,11 +495,18 @@ class VideoPlan:
         t, h, w = self.grid
         return [(1, h, w)] * t if self.family == "qwen3_vl" else [self.grid]
 
-    def time_intervals(self, tokens_per_second: float | None) -> list[float]:
+    def time_intervals(
+        self, tokens_per_second: float | None, *, fractional: bool = True
+    ) -> list[float]:
         """The temporal position step of each of :meth:`rope_grids`: Qwen2.5-VL's
-        ``tokens_per_second * second_per_grid_ts``; 1 for the other families."""
+        ``tokens_per_second * second_per_grid_ts`` (``fractional=False``: the seconds truncated
+        first, ``tokens_per_second * int(second_per_grid_ts)``, transformers before 5.18); 1 for
+        the other families."""
         if self.family == "qwen2_5_vl":  # in float32, as the model multiplies them
-            return [float(np.float32(tokens_per_second) * np.float32(self.second_per_grid))]
+            seconds = np.float32(self.second_per_grid)
+            if not fractional:
+                seconds = np.float32(int(seconds))
+            return [float(np.float32(tokens_per_second) * seconds)]
         return [1.0] * len(self.rope_grids())
 
 

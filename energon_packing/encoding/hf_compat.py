@@ -1,0 +1,347 @@
+"""The transformers internals this package reads, in one module (as Energon's are in
+:mod:`energon_packing.loader.energon`).
+
+Everything else calls transformers' public API (a processor's ``image_processor``,
+``tokenizer``, ``apply_chat_template``, ``AutoProcessor``). What is private, or changed between
+the releases of the supported range (``SUPPORTED``), is read here, each use checked on the
+installed release: a missing or changed internal raises :class:`TransformersCompatError`, one
+line naming the installed version and the range, never an ``AttributeError`` three calls deep.
+The rules that changed inside the range follow the INSTALLED release (docs/compatibility.md
+lists each with the version where it changed). Imports transformers lazily; no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "ALPHA_ON_WHITE_SINCE",
+    "BACKEND_METHODS",
+    "FRACTIONAL_TIME_INTERVAL_SINCE",
+    "GEMMA3_WINDOW_CUTS_BLOCKS_SINCE",
+    "LATER_PROCESSOR_MEDIA_SINCE",
+    "PROCESSOR_MEDIA_SINCE",
+    "SUPPORTED",
+    "VIDEO_FRAMES_APART_SINCE",
+    "TransformersCompatError",
+    "alpha_on_white",
+    "attn_implementation",
+    "backend_class",
+    "check",
+    "compile_chat_template",
+    "fractional_time_interval",
+    "gemma3_window_cuts_blocks",
+    "merged_images_kwargs",
+    "mixin_token_types",
+    "processor_media_api",
+    "require_processor_media",
+    "returns_mm_token_types",
+    "smart_resize_of",
+    "torchvision_available",
+    "transformers_version",
+    "video_frames_apart",
+]
+
+#: The transformers releases this package supports (setup.cfg's ``[hf]``; .ci/stacks.txt: the
+#: ones CI runs the suite on).
+SUPPORTED = ">=5.5"
+#: ``image_transforms.convert_to_rgb`` (what every PIL image processor converts with)
+#: composites an image's alpha on white since 5.21.0; before, PIL's ``convert("RGB")`` drops it.
+ALPHA_ON_WHITE_SINCE = (5, 21, 0)
+#: Gemma 3's sliding layers: ``window AND (causal OR image block)`` since 5.13.0
+#: (``create_masks_for_vision_model``); before, ``(causal AND window) OR image block``.
+GEMMA3_WINDOW_CUTS_BLOCKS_SINCE = (5, 13, 0)
+#: ``ProcessorMixin.replace_image_token`` / ``get_text_with_replacements`` (a processor's
+#: placeholder expansion as public methods; before, each processor expanded inside its
+#: ``__call__``) and ``image_token_ids``: released in 5.10.0. The processor path needs them.
+PROCESSOR_MEDIA_SINCE = (5, 10, 0)
+#: Gemma 3's, SmolVLM's and LLaVA-OneVision's processors define their own
+#: ``replace_image_token`` since 5.15.0 (Qwen's and Idefics3's since 5.10.0); before, the
+#: ``ProcessorMixin`` one raises ``NotImplementedError``.
+LATER_PROCESSOR_MEDIA_SINCE = (5, 15, 0)
+#: Qwen2-VL's and Qwen2.5-VL's ``get_vision_position_ids`` gives a video's frames their own
+#: temporal index since 5.6.0; 5.5.x gives all frames the start position times the interval
+#: and counts rows over all frames at once.
+VIDEO_FRAMES_APART_SINCE = (5, 6, 0)
+#: Qwen2.5-VL's temporal position step became ``tokens_per_second * second_per_grid_ts`` in
+#: float, truncated per index (transformers #48669, released in 5.18.0); before it the seconds
+#: were truncated first: ``tokens_per_second * int(second_per_grid_ts)``.
+FRACTIONAL_TIME_INTERVAL_SINCE = (5, 18, 0)
+
+
+class TransformersCompatError(RuntimeError):
+    """An internal of transformers this package reads is missing or changed."""
+
+
+def transformers_version() -> tuple[int, int, int] | None:
+    """The installed transformers release as ``(major, minor, patch)``; None if not installed."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        found = version("transformers")
+    except PackageNotFoundError:
+        return None
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in found.split(".")[:3]]
+    return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def _fail(what: str, error: BaseException | str) -> TransformersCompatError:
+    import transformers
+
+    return TransformersCompatError(
+        f"transformers {transformers.__version__}: {what} failed ({error}); energon_packing "
+        f"supports transformers {SUPPORTED} (CI-tested releases: docs/compatibility.md); "
+        f"install one of them"
+    )
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def processor_media_api(processor: Any = None) -> bool:
+    """Whether a processor (instance or class; None: the installed ``ProcessorMixin``) expands
+    image placeholders by public methods: ``get_text_with_replacements`` and a
+    ``replace_image_token`` of its own (``ProcessorMixin``'s raises ``NotImplementedError``)."""
+    try:
+        from transformers.processing_utils import ProcessorMixin
+    except ImportError:
+        return False
+    if processor is None:
+        return hasattr(ProcessorMixin, "replace_image_token")
+    cls = processor if isinstance(processor, type) else type(processor)
+    own = getattr(cls, "replace_image_token", None)
+    return (
+        hasattr(cls, "get_text_with_replacements")
+        and own is not None
+        and own is not getattr(ProcessorMixin, "replace_image_token", None)
+    )
+
+
+def require_processor_media(processor: Any) -> None:
+    """Raises :class:`TransformersCompatError` (one line, the fix) where ``processor`` cannot
+    expand image placeholders by the public methods the processor path calls."""
+    if not processor_media_api(processor):
+        import transformers
+
+        raise TransformersCompatError(
+            f"transformers {transformers.__version__}: {type(processor).__name__} has no "
+            f"replace_image_token / get_text_with_replacements of its own (transformers "
+            f"{_dotted(PROCESSOR_MEDIA_SINCE)} for Qwen2/2.5/3-VL and Idefics3, "
+            f"{_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for Gemma 3, SmolVLM and LLaVA-OneVision): "
+            f"the processor path with images and videos needs transformers >="
+            f"{_dotted(PROCESSOR_MEDIA_SINCE)} (>={_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for "
+            f"those); on older releases use the built-in layout (tokenizer=...) or a text "
+            f"processor, or upgrade transformers"
+        )
+
+
+# ---- processors --------------------------------------------------------------------------------
+
+
+def processor_model_types(class_name: str) -> tuple[str, ...]:
+    """The model types whose ``AutoProcessor`` is ``class_name``, as the installed release maps
+    them (``PROCESSOR_MAPPING_NAMES``, an auto-class table; ``()`` where it has none: a family is
+    then refused only by the model a processor names)."""
+    try:
+        from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    except ImportError:
+        return ()
+    return tuple(sorted(t for t, name in PROCESSOR_MAPPING_NAMES.items() if name == class_name))
+
+
+def _kwargs_class(cls: type) -> Any:
+    """The ``ProcessingKwargs`` TypedDict a processor class's own ``__call__`` merges with: its
+    ``valid_processor_kwargs`` where the class sets one (Qwen since 5.10), else
+    ``<ProcessorClass>Kwargs`` of its module (what ``__call__`` names; gone in 5.23)."""
+    from transformers.processing_utils import ProcessingKwargs
+
+    for klass in cls.__mro__:
+        declared = klass.__dict__.get("valid_processor_kwargs")
+        if declared is not None and declared is not ProcessingKwargs:
+            return declared
+        module = sys.modules.get(klass.__module__)
+        # the module's own names only: 5.23+ keeps the old class names as deprecated aliases
+        found = vars(module).get(f"{klass.__name__}Kwargs") if module else None
+        if isinstance(found, type) and issubclass(found, dict):
+            return found
+    return ProcessingKwargs
+
+
+def merged_images_kwargs(processor: Any) -> dict:
+    """What the processor's own ``__call__`` passes its image processor (``images_kwargs`` of
+    ``ProcessorMixin._merge_kwargs``, ``return_tensors="np"``)."""
+    return dict(_merged(processor)["images_kwargs"])
+
+
+def returns_mm_token_types(processor: Any) -> bool:
+    """Whether the processor's own ``__call__`` returns ``mm_token_type_ids``: its merged
+    ``text_kwargs`` say so before 5.23 (the kwargs class's ``_defaults``), the merged kwargs'
+    top level or the processor's ``return_mm_token_type_ids`` attribute since."""
+    merged = _merged(processor)
+    for found in (merged.get("text_kwargs", {}), merged):
+        if "return_mm_token_type_ids" in found:
+            return bool(found["return_mm_token_type_ids"])
+    return bool(getattr(processor, "return_mm_token_type_ids", False))
+
+
+def _merged(processor: Any) -> dict:
+    """``ProcessorMixin._merge_kwargs`` as the processor's own ``__call__`` calls it. Before
+    5.23 the kwargs class is a required positional argument (``__call__`` names its own);
+    since, it defaults to the processor's ``valid_processor_kwargs`` and is left to it."""
+    merge = getattr(processor, "_merge_kwargs", None)
+    if merge is None:
+        raise _fail(f"{type(processor).__name__}._merge_kwargs", "no such method")
+    try:
+        first = next(iter(inspect.signature(merge).parameters.values()), None)
+        required = first is not None and first.default is inspect.Parameter.empty
+        args = (_kwargs_class(type(processor)),) if required else ()
+        merged = merge(
+            *args, tokenizer_init_kwargs=processor.tokenizer.init_kwargs, return_tensors="np"
+        )
+        merged["images_kwargs"]
+        return merged
+    except (TypeError, KeyError, ValueError) as e:
+        raise _fail(f"{type(processor).__name__}._merge_kwargs(KwargsClass, ...)", e) from e
+
+
+def mixin_token_types() -> Callable | None:
+    """``ProcessorMixin.create_mm_token_type_ids`` (a modality per id), None where it has none:
+    a processor that inherits it unchanged types each id alone."""
+    try:
+        from transformers.processing_utils import ProcessorMixin
+    except ImportError:
+        return None
+    return getattr(ProcessorMixin, "create_mm_token_type_ids", None)
+
+
+def smart_resize_of(image_processor: Any) -> Callable:
+    """The module-level ``smart_resize`` of a Qwen image processor's module (the size rule its
+    ``preprocess`` calls; there is no public handle on it)."""
+    module = sys.modules.get(type(image_processor).__module__)
+    found = getattr(module, "smart_resize", None)
+    if not callable(found):
+        raise _fail(
+            f"{type(image_processor).__module__}.smart_resize (the Qwen size rule)", "not found"
+        )
+    return found
+
+
+def torchvision_available() -> bool:
+    """Whether transformers can use torchvision (its video processors need it)."""
+    from transformers.utils import is_torchvision_available
+
+    return bool(is_torchvision_available())
+
+
+def attn_implementation(config: Any) -> str | None:
+    """The attention a model config was set to (``config._attn_implementation``: no public
+    getter); None for no config or none set."""
+    return getattr(config, "_attn_implementation", None) if config is not None else None
+
+
+# ---- the text side -----------------------------------------------------------------------------
+
+
+def compile_chat_template(template: str) -> Any:
+    """transformers' own compiled Jinja template (``_compile_jinja_template``), what
+    ``apply_chat_template`` renders with. Raises :class:`TransformersCompatError` where it is
+    gone (callers then render with ``apply_chat_template`` alone)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError as e:
+        raise _fail("transformers.utils.chat_template_utils._compile_jinja_template", e) from e
+    return _compile_jinja_template(template)
+
+
+#: ``TokenizersBackend``'s methods whose override means a tokenizer encodes otherwise
+BACKEND_METHODS = ("__call__", "_encode_plus", "set_truncation_and_padding", "backend_tokenizer")
+
+
+def backend_class() -> type:
+    """``TokenizersBackend`` (transformers 5's fast tokenizer base). Raises
+    :class:`TransformersCompatError` where it is gone (callers then call the tokenizer)."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError as e:
+        raise _fail("transformers.tokenization_utils_tokenizers.TokenizersBackend", e) from e
+    for name in BACKEND_METHODS:
+        if not hasattr(TokenizersBackend, name):
+            raise _fail(f"TokenizersBackend.{name}", "no such attribute")
+    return TokenizersBackend
+
+
+# ---- rules that changed inside the range -------------------------------------------------------
+
+
+@functools.cache
+def fractional_time_interval() -> bool:
+    """Whether the installed Qwen2.5-VL scales video time by the float product
+    ``tokens_per_second * second_per_grid_ts`` (True, 5.18+; also without transformers: the
+    newest rule) or by ``tokens_per_second * int(second_per_grid_ts)`` (before 5.18)."""
+    found = transformers_version()
+    return found is None or found >= FRACTIONAL_TIME_INTERVAL_SINCE
+
+
+@functools.cache
+def alpha_on_white() -> bool:
+    """Whether the installed image processors composite alpha on white (5.21+; also without
+    transformers: the newest rule)."""
+    found = transformers_version()
+    return found is None or found >= ALPHA_ON_WHITE_SINCE
+
+
+@functools.cache
+def gemma3_window_cuts_blocks() -> bool:
+    """Whether the installed Gemma 3 cuts an image block by the sliding window (5.13+; also
+    without transformers: the newest rule)."""
+    found = transformers_version()
+    return found is None or found >= GEMMA3_WINDOW_CUTS_BLOCKS_SINCE
+
+
+@functools.cache
+def video_frames_apart() -> bool:
+    """Whether the installed Qwen2-VL / Qwen2.5-VL position a video frame by frame (5.6+; also
+    without transformers: the newest rule)."""
+    found = transformers_version()
+    return found is None or found >= VIDEO_FRAMES_APART_SINCE
+
+
+def check() -> list[str]:
+    """Every internal above, on the installed release: the names checked. Raises
+    :class:`TransformersCompatError` on the first that fails."""
+    from transformers import Qwen2VLProcessor
+    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as qwen_pil
+    from transformers.processing_utils import ProcessorMixin
+
+    checked = []
+    compiled = compile_chat_template("{{ messages[0]['content'] }}")
+    if compiled.render(messages=[{"content": "x"}]) != "x":
+        raise _fail("_compile_jinja_template", "renders a probe otherwise")
+    checked.append("compile_chat_template")
+    backend_class()
+    checked.append("backend_class")
+    if mixin_token_types() is None:
+        raise _fail("ProcessorMixin.create_mm_token_type_ids", "no such method")
+    checked.append("mixin_token_types")
+    parameters = list(inspect.signature(ProcessorMixin._merge_kwargs).parameters.values())
+    if "tokenizer_init_kwargs" not in [p.name for p in parameters] or len(parameters) < 2:
+        raise _fail("ProcessorMixin._merge_kwargs", f"its parameters are {parameters}")
+    if parameters[1].default is inspect.Parameter.empty and "images_kwargs" not in getattr(
+        _kwargs_class(Qwen2VLProcessor), "__annotations__", {}
+    ):
+        raise _fail("Qwen2VLProcessor's ProcessingKwargs", "no images_kwargs")
+    checked.append("merged_images_kwargs")
+    if not callable(getattr(qwen_pil, "smart_resize", None)):
+        raise _fail("image_processing_pil_qwen2_vl.smart_resize", "not found")
+    checked.append("smart_resize_of")
+    torchvision_available()
+    checked.append("torchvision_available")
+    if "qwen2_vl" not in processor_model_types("Qwen2VLProcessor"):
+        raise _fail("processing_auto.PROCESSOR_MAPPING_NAMES", "qwen2_vl is not mapped")
+    checked.append("processor_model_types")
+    return checked
