@@ -31,24 +31,25 @@ from energon_packing.testing import hf
 from energon_packing.testing.families import build, make_tokenizer, save_published
 
 #: model types whose text layers carry state (each names its layer kind in the refusal)
+LINEAR = ("linear_attention", "mamba")  # transformers < 5.2x names Mamba layers "mamba"
 STATEFUL_TYPES = {
-    "qwen3_5": "linear_attention",
-    "qwen3_5_moe": "linear_attention",
-    "qwen3_next": "linear_attention",
-    "minicpmv4_6": "linear_attention",
-    "nemotron_h": "linear_attention",
-    "mamba": "linear_attention",
-    "mamba2": "linear_attention",
-    "falcon_mamba": "linear_attention",
-    "jamba": "linear_attention",
-    "bamba": "linear_attention",
-    "granitemoehybrid": "linear_attention",
-    "recurrent_gemma": "linear_attention",
-    "zamba2": "linear_attention",
-    "falcon_h1": "hybrid",
-    "lfm2": "conv",
-    "lfm2_vl": "conv",
-    "rwkv": "recurrent",
+    "qwen3_5": LINEAR,
+    "qwen3_5_moe": LINEAR,
+    "qwen3_next": LINEAR,
+    "minicpmv4_6": LINEAR,
+    "nemotron_h": LINEAR,
+    "mamba": LINEAR,
+    "mamba2": LINEAR,
+    "falcon_mamba": LINEAR,
+    "jamba": LINEAR,
+    "bamba": LINEAR,
+    "granitemoehybrid": LINEAR,
+    "recurrent_gemma": ("linear_attention", "recurrent"),
+    "zamba2": LINEAR,
+    "falcon_h1": ("hybrid",),
+    "lfm2": ("conv",),
+    "lfm2_vl": ("conv",),
+    "rwkv": ("recurrent",),
 }
 #: model types of the families packed exactly, and plain decoders
 SEPARATE_TYPES = (
@@ -76,8 +77,9 @@ def _known(model_type: str) -> None:
 def test_every_stateful_model_type_is_found_by_its_layers(model_type):
     _known(model_type)
     info = model_info_for_type(model_type)
-    assert STATEFUL_TYPES[model_type] in info.stateful_layers, info
-    with pytest.raises(StatefulLayersError, match=f"{model_type}.*{STATEFUL_TYPES[model_type]}"):
+    kinds = STATEFUL_TYPES[model_type]
+    assert set(kinds) & set(info.stateful_layers), info
+    with pytest.raises(StatefulLayersError, match=f"{model_type}.*({'|'.join(kinds)})"):
         PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=64, model_type=model_type)
 
 
@@ -104,7 +106,10 @@ def test_layer_lists_under_every_name_transformers_used():
     assert model_info({"model_type": "mamba", "num_hidden_layers": 3}).layer_types == ("mamba",) * 3
 
 
-def test_qwen3_5_is_refused_at_build_naming_its_layers():
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_qwen3_5_is_refused_at_build_naming_its_layers(family):
+    _known("qwen3_5")
     processor = build("qwen3_5", model=False)[0]
     assert type(processor).__name__ == "Qwen3VLProcessor"  # Qwen3-VL's own class
     with pytest.raises(
@@ -117,7 +122,9 @@ def test_qwen3_5_is_refused_at_build_naming_its_layers():
         assert te.chat.family_name == "qwen3_vl"
 
 
-def test_a_processor_class_that_serves_several_models_needs_the_model():
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_a_processor_class_that_serves_several_models_needs_the_model(family):
     processor = build("qwen3_vl", model=False)[0]
     del processor.model_info  # an in-memory processor that names no model
     with pytest.raises(ValueError, match=r"Qwen3VLProcessor serves several models.*qwen3_5"):
@@ -132,7 +139,9 @@ def test_a_processor_class_that_serves_several_models_needs_the_model():
     assert PackingTaskEncoder(max_input_seq_length=1024, processor=single).chat.family_name
 
 
-def test_a_model_of_another_family_is_refused_by_its_type():
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["gemma3"])
+def test_a_model_of_another_family_is_refused_by_its_type(family):
     processor = build("gemma3", model=False)[0]
     processor.model_info = ModelInfo(model_type="t5gemma2", source="its config.json")
     with pytest.raises(ValueError, match=r"'t5gemma2' .*Gemma3Processor.*gemma3 family"):
@@ -141,7 +150,9 @@ def test_a_model_of_another_family_is_refused_by_its_type():
         PackingTaskEncoder(max_input_seq_length=1024, processor=processor, model_type="gemma3")
 
 
-def test_the_model_directory_decides(tmp_path):
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_the_model_directory_decides(family, tmp_path):
     """A published directory: its config.json names the model the processor class does not."""
     processor = build("qwen3_vl", model=False)[0]
     save_published(processor, tmp_path)
@@ -179,6 +190,7 @@ def test_a_hybrid_text_model_is_refused_on_both_text_paths(tmp_path):
 @pytest.fixture(scope="module")
 def qwen3_5_batches(tmp_path_factory):
     """The loader's packs of 8 conversations for Qwen3.5 (accepted by the opt-in)."""
+    _known("qwen3_5")
     processor, model, _ = build("qwen3_5")
     convs = list(conversations(8, seed=11))
     root = make_dataset(tmp_path_factory.mktemp("qwen3_5"), convs, per_shard=8)
@@ -189,7 +201,9 @@ def qwen3_5_batches(tmp_path_factory):
 
 
 @pytest.mark.energon
-def test_to_hf_refuses_a_stateful_model(qwen3_5_batches):
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_to_hf_refuses_a_stateful_model(family, qwen3_5_batches):
     model, batches, _ = qwen3_5_batches
     with pytest.raises(StatefulLayersError, match=r"to_hf: model type 'qwen3_5'.*linear_attention"):
         to_hf(batches[0], model=model)
@@ -200,7 +214,9 @@ def test_to_hf_refuses_a_stateful_model(qwen3_5_batches):
 
 
 @pytest.mark.energon
-def test_why_qwen3_5_is_refused_packed_conversations_leak(qwen3_5_batches):
+@pytest.mark.processor_media
+@pytest.mark.parametrize("family", ["qwen3_vl"])
+def test_why_qwen3_5_is_refused_packed_conversations_leak(family, qwen3_5_batches):
     """Packed anyway, in the form transformers' padding-free path takes (``to_hf`` without a
     model: restarting positions, no mask): the first conversation of a pack equals itself
     through the processor alone, later ones do not."""
