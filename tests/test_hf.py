@@ -129,7 +129,6 @@ def test_flash_attention_boundaries_are_what_transformers_derives():
 
 
 #: transformers 5.18 stopped passing a VLM forward's keyword arguments into its vision tower
-VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
 
 
 def gemma3_masks_of_installed_transformers(config, token_types: list[int], positions) -> dict:
@@ -374,12 +373,16 @@ def test_flash_attention_2_through_transformers_own_integration(hf_dataset, fami
     the logits equal sdpa's on the same pack. Gemma 3 refuses flash attention."""
     import transformers.modeling_flash_attention_utils as flash_utils
 
-    if hf_compat.transformers_version() < VISION_TAKES_OWN_KWARGS_SINCE:
-        pytest.skip(
-            f"transformers {transformers.__version__} passes the forward's flash-attention "
-            f"arguments (cu_seq_lens_q) into the vision tower too (get_image_features(**kwargs), "
-            f"until 5.18): to_hf's varlen boundaries with images need transformers 5.18"
-        )
+    if not hf_compat.vision_takes_own_kwargs():  # refused in one line, not run wrong
+        _, model, batches = _family(family, hf_dataset)
+        model.config._attn_implementation = "flash_attention_2"
+        try:
+            with pytest.raises(ValueError, match="collides with the tower's own"):
+                for batch in batches:  # a pack without images passes: one with them refuses
+                    to_hf(batch, model=model)
+        finally:
+            model.set_attn_implementation("sdpa")
+        return
 
     calls: list = []
     dense, varlen = _reference_flash(calls)

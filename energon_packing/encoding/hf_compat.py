@@ -71,6 +71,10 @@ VIDEO_FRAMES_APART_SINCE = (5, 6, 0)
 #: float, truncated per index (transformers #48669, released in 5.18.0); before it the seconds
 #: were truncated first: ``tokens_per_second * int(second_per_grid_ts)``.
 FRACTIONAL_TIME_INTERVAL_SINCE = (5, 18, 0)
+#: A VLM's forward stops passing its own keyword arguments on into its vision tower
+#: (``get_image_features(**kwargs)``) in 5.18.0: before, flash attention's ``cu_seq_lens_q``
+#: given for the text reaches the tower too and collides with the tower's own.
+VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
 
 
 class TransformersCompatError(RuntimeError):
@@ -279,6 +283,13 @@ def backend_class() -> type:
 
 
 @functools.cache
+def vision_takes_own_kwargs() -> bool:
+    """Whether the installed release keeps the forward's flash-attention arguments out of a
+    VLM's vision tower (5.18+; also without transformers)."""
+    found = transformers_version()
+    return found is None or found >= VISION_TAKES_OWN_KWARGS_SINCE
+
+
 def fractional_time_interval() -> bool:
     """Whether the installed Qwen2.5-VL scales video time by the float product
     ``tokens_per_second * second_per_grid_ts`` (True, 5.18+; also without transformers: the

@@ -182,6 +182,19 @@ def to_hf(
     )
     media, tokens = model_fields(batch)
     per_pack = {key: batch[key][row] for key in media}
+    if (
+        varlen
+        and any(len(v) for v in per_pack.values())
+        and not hf_compat.vision_takes_own_kwargs()
+    ):
+        import transformers
+
+        raise ValueError(
+            f"to_hf: transformers {transformers.__version__} passes flash attention's "
+            f"cu_seq_lens_q on into the vision tower (get_image_features(**kwargs)), where it "
+            f"collides with the tower's own, for a pack with images or videos (source_ids="
+            f"{pack.source_ids}); use sdpa or eager, or transformers >= 5.18"
+        )
     if any(len(value) for value in per_pack.values()):  # a pack without images has none
         inputs.update(per_pack)
     for key in tokens:
