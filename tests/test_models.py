@@ -213,6 +213,7 @@ def test_to_hf_refuses_a_stateful_model(family, qwen3_5_batches):
         to_hf(batches[0], config=model.config)
 
 
+@pytest.mark.slow
 @pytest.mark.energon
 @pytest.mark.processor_media
 @pytest.mark.parametrize("family", ["qwen3_vl"])
