@@ -125,8 +125,21 @@ def _tiny_siglip(*, model_type: str | None = "siglip_vision_model", **fields: An
     )
 
 
-def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
+def _built(
+    processor: Any, config: Any, model_cls: type, model: bool, info: dict
+) -> tuple[Any, Any, dict]:
+    """``(processor, model or None, info)``: the processor names its model (as
+    :func:`energon_packing.load_processor` does from a directory), the model is seeded."""
     import torch
+
+    processor.model_info = model_info(config, source=f"testing.families {info['family']}")
+    if not model:
+        return processor, None, info
+    torch.manual_seed(0)
+    return processor, model_cls(config).eval(), info
+
+
+def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -190,12 +203,8 @@ def _qwen(family: str, model: bool) -> tuple[Any, Any, dict]:
         tokenizer=tokenizer,
         chat_template=template,
     )
-    processor.model_info = model_info(config, source=f"testing.families {family}")
     info = {"family": "qwen3_vl" if family.startswith("qwen3_") else family}
-    if not model:
-        return processor, None, info
-    torch.manual_seed(0)
-    return processor, model_cls(config).eval(), info
+    return _built(processor, config, model_cls, model, info)
 
 
 def _gemma3(model: bool) -> tuple[Any, Any, dict]:
@@ -250,7 +259,6 @@ def _gemma3(model: bool) -> tuple[Any, Any, dict]:
 
 
 def _idefics3(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import (
         Idefics3ImageProcessorPil,
@@ -285,15 +293,12 @@ def _idefics3(model: bool) -> tuple[Any, Any, dict]:
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
-    processor.model_info = model_info(config, source="testing.families idefics3")
-    if not model:
-        return processor, None, {"family": "idefics3"}
-    torch.manual_seed(0)
-    return processor, Idefics3ForConditionalGeneration(config).eval(), {"family": "idefics3"}
+    return _built(
+        processor, config, Idefics3ForConditionalGeneration, model, {"family": "idefics3"}
+    )
 
 
 def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import (
         LlavaOnevisionConfig,
         LlavaOnevisionForConditionalGeneration,
@@ -331,16 +336,11 @@ def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
         image_grid_pinpoints=pinpoints,
         vision_aspect_ratio="anyres_max_9",
     )
-    processor.model_info = model_info(config, source="testing.families llava_onevision")
-    if not model:
-        return processor, None, {"family": "llava_onevision"}
-    torch.manual_seed(0)
-    model = LlavaOnevisionForConditionalGeneration(config).eval()
-    return processor, model, {"family": "llava_onevision"}
+    info = {"family": "llava_onevision"}
+    return _built(processor, config, LlavaOnevisionForConditionalGeneration, model, info)
 
 
 def _llava(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
@@ -367,15 +367,10 @@ def _llava(model: bool) -> tuple[Any, Any, dict]:
         vision_feature_select_strategy="full",
         vision_feature_layer=-1,
     )
-    processor.model_info = model_info(config, source="testing.families llava")
-    if not model:
-        return processor, None, {"family": "llava"}
-    torch.manual_seed(0)
-    return processor, LlavaForConditionalGeneration(config).eval(), {"family": "llava"}
+    return _built(processor, config, LlavaForConditionalGeneration, model, {"family": "llava"})
 
 
 def _llava_next(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
     from transformers.models.llava_next.image_processing_pil_llava_next import (
         LlavaNextImageProcessorPil,
@@ -408,15 +403,11 @@ def _llava_next(model: bool) -> tuple[Any, Any, dict]:
         vision_feature_layer=-1,
         image_grid_pinpoints=pinpoints,
     )
-    processor.model_info = model_info(config, source="testing.families llava_next")
-    if not model:
-        return processor, None, {"family": "llava_next"}
-    torch.manual_seed(0)
-    return processor, LlavaNextForConditionalGeneration(config).eval(), {"family": "llava_next"}
+    info = {"family": "llava_next"}
+    return _built(processor, config, LlavaNextForConditionalGeneration, model, info)
 
 
 def _internvl(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
         GotOcr2ImageProcessorPil,
@@ -457,15 +448,11 @@ def _internvl(model: bool) -> tuple[Any, Any, dict]:
         image_seq_length=4,
         downsample_ratio=0.5,
     )
-    processor.model_info = model_info(config, source="testing.families internvl")
-    if not model:
-        return processor, None, {"family": "internvl"}
-    torch.manual_seed(0)
-    return processor, InternVLForConditionalGeneration(config).eval(), {"family": "internvl"}
+    info = {"family": "internvl"}
+    return _built(processor, config, InternVLForConditionalGeneration, model, info)
 
 
 def _aya_vision(model: bool) -> tuple[Any, Any, dict]:
-    import torch
     from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
         GotOcr2ImageProcessorPil,
@@ -505,12 +492,8 @@ def _aya_vision(model: bool) -> tuple[Any, Any, dict]:
         vision_feature_select_strategy="full",
         vision_feature_layer=-1,
     )
-    processor.model_info = model_info(config, source="testing.families aya_vision")
     info = {"family": "aya_vision", "sliding_window": 8}
-    if not model:
-        return processor, None, info
-    torch.manual_seed(0)
-    return processor, AyaVisionForConditionalGeneration(config).eval(), info
+    return _built(processor, config, AyaVisionForConditionalGeneration, model, info)
 
 
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
