@@ -16,6 +16,9 @@ Markers are HTML comments on the line(s) right before a block's fence:
   of every ``/models/...`` path of the block. Skipped without ``transformers``.
 * ``<!-- readme-test: needs-module MODULE -->``: skipped where MODULE does not import (an
   optional package: the Megatron-Bridge wheel, say).
+* ``<!-- readme-test: needs-processor FAMILY -->``: the block runs FAMILY's processor path with
+  images; skipped, naming what it lacks, on a transformers release without it
+  (docs/compatibility.md).
 * ``<!-- readme-test: slow -->``: the block runs under ``-m slow`` only.
 * ``<!-- readme-test: run -->`` (bash blocks): the block runs under ``bash -e -o pipefail`` from
   the repository root with the word ``PATH`` standing for a folder that holds a copy of the
@@ -49,7 +52,7 @@ README = ROOT / "README.md"
 PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 SAMPLE_DATA = ROOT / "sample_data"
 
-MARKERS = ("needs-model", "needs-module", "slow", "run")
+MARKERS = ("needs-model", "needs-module", "needs-processor", "slow", "run")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
 MODEL_PATH = re.compile(r"/models/[^\"'\s]+")
@@ -210,6 +213,8 @@ def test_the_readme_blocks_are_found_and_marked_correctly():
                 problems.append(f"{b.where}: needs-model names no family of {_families()}")
             if not MODEL_PATH.search(b.source):
                 problems.append(f"{b.where}: needs-model, but the block names no /models/ path")
+        if b.markers.get("needs-processor", _families()[0]) not in _families():
+            problems.append(f"{b.where}: needs-processor names no family of {_families()}")
         if "needs-module" in b.markers and not b.markers["needs-module"]:
             problems.append(f"{b.where}: needs-module names no module")
         if "run" in b.markers and b.lang not in ("bash", "sh"):
@@ -242,6 +247,12 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
     source = block.source
     if module := block.markers.get("needs-module"):
         pytest.importorskip(module)
+    if family := block.markers.get("needs-processor"):
+        from helpers import processor_media_skip_reason
+
+        pytest.importorskip("transformers")
+        if reason := processor_media_skip_reason(family):
+            pytest.skip(reason)
     if family := block.markers.get("needs-model"):
         pytest.importorskip("transformers")
         directory = tiny_model_dir(family, tmp_path / family)
@@ -274,7 +285,7 @@ def test_markers_are_the_comments_right_above_a_fence():
     assert first.markers == {"needs-model": "qwen2_vl", "slow": ""} and not first.problems
     assert (second.lang, second.line, second.source) == ("bash", 9, "ls\n")
     assert second.problems == [
-        "unknown marker 'skip' (known: needs-model, needs-module, slow, run)"
+        "unknown marker 'skip' (known: needs-model, needs-module, needs-processor, slow, run)"
     ]
 
 

@@ -194,6 +194,7 @@ def _pictured(key: str, width: int, height: int):
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.processor_media
 def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     """Through a family's processor: the pack's ``image_grid_thw`` is what the images' sizes
     give, its modelled vision cost is those grids' FLOPs by hand, and balanced emission
