@@ -1,12 +1,13 @@
-"""What the benchmarks read of their own processes from ``/proc`` (Linux): memory fields and
-the loader's worker processes."""
+"""What the benchmarks read of their own processes from ``/proc`` (Linux): memory fields, CPU
+time and the loader's worker processes."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
-__all__ = ["children", "status_mib"]
+__all__ = ["children", "cpu_seconds", "status_mib"]
 
 
 def status_mib(pid: int | str, field: str) -> float:
@@ -17,6 +18,16 @@ def status_mib(pid: int | str, field: str) -> float:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from ``/proc/<pid>/stat`` (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children() -> list[int]:

@@ -16,7 +16,6 @@ CPU seconds per 1,000 batches (main process + workers) with 0 and 2 workers, the
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _proc import children
+from _proc import children, cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_source_index")
@@ -70,28 +69,19 @@ class Batches(IterableDataset):
             yield {k: copy(v, numpy=self.numpy) for k, v in self.batch.items()}
 
 
-def _cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_per_thousand(batch: dict, *, workers: int, numpy: bool, count: int) -> float:
     """CPU seconds (main + workers) per 1,000 batches, the workers' start-up excluded."""
     loader = DataLoader(Batches(batch, count, numpy=numpy), batch_size=None, num_workers=workers)
     it = iter(loader)
     next(it)  # workers started
     pids = children() if workers else []
-    start = time.process_time() + sum(_cpu(p) for p in pids)
+    start = time.process_time() + sum(cpu_seconds(p) for p in pids)
     seen = 1
     for _ in it:
         seen += 1
         if seen == count - 2 * workers:  # before the workers exit
             break
-    spent = time.process_time() + sum(_cpu(p) for p in pids) - start
+    spent = time.process_time() + sum(cpu_seconds(p) for p in pids) - start
     del it
     return 1000 * spent / (seen - 1)
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
+from _proc import children, cpu_seconds, status_mib  # benchmarks/_proc.py (this script's folder)
 
 WINDOW = 1000  # packs per measurement
 SHARDS = 5
@@ -67,16 +67,6 @@ def generate(out: Path, n: int, seed: int = 0) -> None:
     prepare_dataset(out, split_parts=["train:shards/.*"], num_workers=2)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process from ``/proc/<pid>/stat`` (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def child(path: str, workers: int, conversations: int, epochs: int) -> None:
     """Iterates the repeating loader, printing one ``ROW {json}`` line per 1,000 packs."""
     import warnings
@@ -109,7 +99,7 @@ def child(path: str, workers: int, conversations: int, epochs: int) -> None:
             continue
         now_cpu, now_wall = time.process_time(), time.perf_counter()
         pids = children() if workers else []
-        cpu = {pid: _cpu_seconds(pid) for pid in pids}
+        cpu = {pid: cpu_seconds(pid) for pid in pids}
         row = dict(
             packs=packs,
             epoch=landed / conversations,
