@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from energon_packing.loader.shards import scan_dataset, shard_paths
+from energon_packing.incoming.shards import scan_dataset, shard_paths
 
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "sample_data"
 BUDGET = 2.0  # reading the tars may cost at most this much more than a plain `tar tf`

@@ -27,7 +27,7 @@ from pathlib import Path
 
 
 def child(folder: Path, out: Path, decode: bool) -> None:
-    from energon_packing.tools.convert import convert
+    from energon_packing.incoming.convert import convert
 
     start = time.perf_counter()
     result = convert(

@@ -30,7 +30,7 @@ warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
 
 def build(path: Path, samples: int) -> None:
-    from energon_packing.loader.prepare import prepare_dataset
+    from energon_packing.incoming.prepare import prepare_dataset
     from energon_packing.testing.synth import conversations, write_shards
 
     write_shards(path / "shards", conversations(samples, seed=99), per_shard=500)

@@ -47,7 +47,7 @@ CAPACITY, BUFFER = 2048, 64
 def read_conversations(path: Path) -> list:
     """The conversations of a dataset's shards (``<key>.json`` plus its parts), in order."""
     from energon_packing.encoding.images import may_be_video
-    from energon_packing.loader.shards import shard_paths
+    from energon_packing.incoming.shards import shard_paths
     from energon_packing.testing.synth import Conversation
 
     items: dict[str, Conversation] = {}
@@ -70,7 +70,7 @@ def read_conversations(path: Path) -> list:
 
 def build(root: Path, count: int | None, *, seed: int) -> dict[str, Path]:
     """The two datasets, prepared under ``root``: ``with videos`` and ``without videos``."""
-    from energon_packing.loader.prepare import prepare_dataset
+    from energon_packing.incoming.prepare import prepare_dataset
     from energon_packing.testing.clips import video_conversations, without_videos
     from energon_packing.testing.synth import write_shards
 

@@ -46,7 +46,7 @@ WORDS = (
 
 def generate(out: Path, n: int, seed: int = 0) -> None:
     """``n`` text-only conversations in ``SHARDS`` tar shards, prepared as a train split."""
-    from energon_packing.loader.prepare import prepare_dataset
+    from energon_packing.incoming.prepare import prepare_dataset
 
     rng = random.Random(seed)
     (out / "shards").mkdir(parents=True)

@@ -85,7 +85,7 @@ def child_stats(path: str, fixed: bool) -> None:
 
 
 def child_check(path: str) -> None:
-    from energon_packing.loader.shards import scan_dataset, shard_paths
+    from energon_packing.incoming.shards import scan_dataset, shard_paths
     from energon_packing.tools.report import format_scan
 
     start, wall = time.process_time(), time.perf_counter()
@@ -100,7 +100,7 @@ def child_check(path: str) -> None:
 def child_prepare(path: str, n: int) -> None:
     import megatron.energon.cli.main  # noqa: F401  (imported by prepare_dataset: not timed)
 
-    from energon_packing.loader.prepare import prepare_dataset
+    from energon_packing.incoming.prepare import prepare_dataset
 
     before, start, wall = os.times(), time.process_time(), time.perf_counter()
     prepare_dataset(path, split_parts=SPLIT_PARTS)  # the CLI's defaults: one indexing worker
@@ -176,7 +176,7 @@ def main() -> None:
             if "prepare" in tools:  # measured on shards never prepared; stats reads its index
                 result["prepare"] = run_child("prepare", str(data), str(n))
             elif "stats" in tools:
-                from energon_packing.loader.prepare import prepare_dataset
+                from energon_packing.incoming.prepare import prepare_dataset
 
                 prepare_dataset(data, split_parts=SPLIT_PARTS, num_workers=2)
             if "stats" in tools:

@@ -5,6 +5,7 @@ The package is split into rooms by what they may import (``tests/test_layout.py`
 * :mod:`energon_packing.packing`: the pure packing core (no torch, no Energon);
 * :mod:`energon_packing.encoding`: conversations to tokens, masks, image costs (no Energon);
 * :mod:`energon_packing.loader`: everything that touches Energon;
+* :mod:`energon_packing.incoming`: data coming in (convert, the shard check, ``prepare``);
 * :mod:`energon_packing.trainer`: the trainer-side shim (no Energon);
 * :mod:`energon_packing.schema`, :mod:`energon_packing.config`, :mod:`energon_packing.stats`,
   :mod:`energon_packing.errors`:

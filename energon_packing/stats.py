@@ -33,7 +33,7 @@ REASONS = {
     "corrupt_shard": "the tar bytes of the sample are unreadable (truncated, overwritten, deleted shard)",
     "unreadable_sample": "reading the sample failed in a way no other reason names",
     # found in the tar headers before training (energon-packing prepare --allow-losses writes
-    # them to .nv-meta/energon_packing_losses.json; see energon_packing.loader.shards)
+    # them to .nv-meta/energon_packing_losses.json; see energon_packing.incoming.shards)
     "truncated_member": "a tar member cut short: the shard ends inside it (the shard was cut back to its whole samples)",
     "lost_in_shard": "a tar member the tar walk never reaches (after a header whose size lies, after the end-of-archive blocks, or the rest of a cut sample)",
     "duplicate_key": "the same key twice in a row in a shard: WebDataset keeps the later document, the earlier is lost",

@@ -26,7 +26,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from energon_packing.loader.prepare import prepare_dataset
+from energon_packing.incoming.prepare import prepare_dataset
 from energon_packing.testing.clips import video_conversations
 from energon_packing.testing.corpora import llava_json
 from energon_packing.testing.synth import conversations, write_shards

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from helpers import SAMPLE_DATA, loader_batches
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.loader.prepare import YAMLS
+from energon_packing.incoming.prepare import YAMLS
 from energon_packing.packing.algorithms import lower_bound
 from energon_packing.testing.synth import conversations, write_shards
 from energon_packing.tools.cli import main
@@ -408,7 +408,7 @@ def test_prepare_refuses_losses_unless_allowed(tmp_path):
     allowed = run("prepare", path, "--allow-losses")
     assert allowed.exit_code == 0, allowed.output
     assert f"wrote {path / '.nv-meta' / 'energon_packing_losses.json'}" in allowed.output
-    from energon_packing.loader.shards import load_losses
+    from energon_packing.incoming.shards import load_losses
 
     assert [(k, r) for k, r, _ in load_losses(path)] == [
         ("s5", "truncated_member"),

@@ -20,9 +20,9 @@ from helpers import loader_batches
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.testing import corpora
-from energon_packing.tools import convert as convert_module
+from energon_packing.incoming import convert as convert_module
 from energon_packing.tools.cli import main
-from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, convert, read_records
+from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, convert, read_records
 
 
 def _lines(path: Path) -> list[dict]:

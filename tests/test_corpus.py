@@ -23,8 +23,8 @@ from PIL import Image
 from test_shards import conversations, document, lie_about_size, tar
 from test_web_images import PROCESSOR_ASPECT, apng, grey_png, noise, one_image, oriented, save
 
-from energon_packing.loader.prepare import prepare_dataset
-from energon_packing.loader.shards import LOSSES_FILE, load_losses
+from energon_packing.incoming.prepare import prepare_dataset
+from energon_packing.incoming.shards import LOSSES_FILE, load_losses
 from energon_packing.testing.synth import conversations as synth_conversations
 from energon_packing.testing.synth import write_shards
 

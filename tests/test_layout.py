@@ -29,6 +29,7 @@ FORBIDDEN = {
         "torch",
         "megatron",
         "energon_packing.loader",
+        "energon_packing.incoming",
         "energon_packing.trainer",
         "energon_packing.media",  # it imports torch
     ),
@@ -36,18 +37,34 @@ FORBIDDEN = {
     "core": (
         "megatron",
         "energon_packing.loader",
+        "energon_packing.incoming",
         "energon_packing.trainer",
         "energon_packing.encoding",
     ),
+    # data coming in: records, tar headers, media checks, prepare; Energon's public CLI only
+    # (see ALLOWED_INSIDE), never the loader it feeds
+    "incoming": ("torch", "megatron", "energon_packing.loader", "energon_packing.trainer"),
+    # the loader may read what incoming wrote (the losses file, the first sample's parts)
     "loader": ("energon_packing.trainer",),
-    "trainer": ("megatron.energon", "energon_packing.loader", "energon_packing.encoding"),
+    "trainer": (
+        "megatron.energon",
+        "energon_packing.loader",
+        "energon_packing.incoming",
+        "energon_packing.encoding",
+    ),
     # NeMo-RL's task encoder is ours, subclassed: this adapter may use the loader
-    "nemo_rl": _other_adapters("nemo_rl"),
+    "nemo_rl": ("energon_packing.incoming", *_other_adapters("nemo_rl")),
     # the trainer-side adapters take the contract's batches: core, schema, trainer only
-    "hf": ("megatron.energon", "energon_packing.loader", *_other_adapters("hf")),
+    "hf": (
+        "megatron.energon",
+        "energon_packing.loader",
+        "energon_packing.incoming",
+        *_other_adapters("hf"),
+    ),
     "megatron_bridge": (
         "megatron.energon",
         "energon_packing.loader",
+        "energon_packing.incoming",
         *_other_adapters("megatron_bridge"),
     ),
     "tools": (),
@@ -59,13 +76,14 @@ LIBRARY = (
     "encoding",
     "media",
     "core",
+    "incoming",
     "loader",
     "trainer",
     "nemo_rl",
     "hf",
     "megatron_bridge",
 )
-BELOW_ADAPTERS = ("packing", "encoding", "media", "core", "loader", "trainer")
+BELOW_ADAPTERS = ("packing", "encoding", "media", "core", "incoming", "loader", "trainer")
 EVERYWHERE = {
     room: ("energon_packing.tools", "energon_packing.testing")
     + (ADAPTERS if room in BELOW_ADAPTERS else ())
@@ -75,6 +93,7 @@ EVERYWHERE = {
 ALLOWED_INSIDE = {
     "packing": ("energon_packing.packing",),
     "media": ("energon_packing.media", "energon_packing.errors", "energon_packing.resize"),
+    "incoming": ("megatron.energon.cli.main",),
 }
 #: Energon's public surface; everything deeper is an internal, used in one module only
 ENERGON_PUBLIC = ("megatron.energon", "megatron.energon.errors", "megatron.energon.cli.main")
@@ -149,6 +168,52 @@ def test_each_room_imports_only_what_it_may(path):
 
 def test_every_room_has_rules():
     assert {room_of(p) for p in modules()} <= set(FORBIDDEN)
+
+
+def test_incoming_data_is_one_room_the_loader_and_the_tools_use():
+    """Convert, the record readers, the tar walk, the shard check and prepare live in
+    ``incoming/``: only the loader (the losses file, the first sample's parts, the LLaVA turn
+    reader) and the tools import it; the loader keeps only what touches
+    Energon, and incoming touches Energon only through ``energon prepare``'s CLI."""
+    importers = {
+        room_of(path)
+        for path in modules()
+        if room_of(path) != "incoming"
+        and any(_matches(n, "energon_packing.incoming") for n in imports_of(path))
+    }
+    assert importers == {"loader", "tools"}, importers
+    for path in (PACKAGE / "loader").glob("*.py"):
+        assert path.name == "__init__.py" or any(
+            n.startswith("megatron.energon") for n in imports_of(path)
+        ), f"loader/{path.name} does not touch Energon: it belongs in another room"
+    energon = {
+        str(path.relative_to(PACKAGE)): names
+        for path in (PACKAGE / "incoming").glob("*.py")
+        if (names := [n for n in imports_of(path) if n.startswith("megatron")])
+    }
+    assert energon == {"incoming/prepare.py": ["megatron.energon.cli.main"]}, energon
+    moved = ("convert", "records", "media", "media_check", "tar_walk", "shards", "prepare")
+    assert not [m for m in moved if (PACKAGE / "loader" / f"{m}.py").exists()]
+    assert not [m for m in moved if (PACKAGE / "tools" / f"{m}.py").exists()]
+
+
+def test_the_checker_flags_planted_incoming_imports(tmp_path):
+    """A test of the test: incoming importing the loader, and the encoding importing
+    incoming, are both flagged; incoming's use of Energon's CLI is not."""
+    root = tmp_path / "energon_packing"
+    (root / "incoming").mkdir(parents=True)
+    (root / "encoding").mkdir()
+    planted = root / "incoming" / "planted.py"
+    planted.write_text(
+        "from ..loader.samples import x\n"
+        "from megatron.energon.cli.main import main\n"
+        "import megatron.energon\n"
+        "from . import records\n"
+    )
+    assert violations(planted, root) == ["energon_packing.loader.samples", "megatron.energon"]
+    below = root / "encoding" / "planted.py"
+    below.write_text("from ..incoming.records import to_document\n")
+    assert violations(below, root) == ["energon_packing.incoming.records"]
 
 
 def test_the_checker_flags_planted_relative_and_adapter_imports(tmp_path):

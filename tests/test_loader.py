@@ -11,7 +11,7 @@ import torch
 from helpers import REPO, SAMPLE_DATA, check_batch, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.loader.prepare import YAMLS
+from energon_packing.incoming.prepare import YAMLS
 from energon_packing.testing.synth import Conversation, conversations
 
 #: full-size variants run under -m slow (.ci/run runs them); the default set keeps one
@@ -313,7 +313,7 @@ def lossy_dataset(tmp_path_factory):
     ``energon-packing prepare --allow-losses`` writes it)."""
     from helpers import make_dataset
 
-    from energon_packing.loader.shards import Finding, write_losses
+    from energon_packing.incoming.shards import Finding, write_losses
     from energon_packing.testing.synth import conversations
 
     path = make_dataset(tmp_path_factory.mktemp("lossy"), conversations(24, seed=3), per_shard=8)

@@ -15,7 +15,7 @@ from helpers import make_dataset, raw_sample
 from PIL import Image
 
 from energon_packing.tools.cli import main
-from energon_packing.tools.convert import convert
+from energon_packing.incoming.convert import convert
 
 TURNS = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]
 

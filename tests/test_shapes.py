@@ -15,7 +15,7 @@ import pytest
 from helpers import loader_batches
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
+from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
 
 CLIP = Path(__file__).parent / "data" / "video" / "h264_48x36_10fps_2s.mp4"
 

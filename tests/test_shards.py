@@ -16,7 +16,7 @@ from helpers import SAMPLE_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_packing.loader.shards import (
+from energon_packing.incoming.shards import (
     LOSSES_FILE,
     SHARD_REASONS,
     Finding,
@@ -25,7 +25,7 @@ from energon_packing.loader.shards import (
     scan_shard,
     write_losses,
 )
-from energon_packing.loader.tar_walk import walk
+from energon_packing.incoming.tar_walk import walk
 
 HEADER = 512
 
@@ -342,7 +342,7 @@ def test_the_losses_file_round_trips(tmp_path):
 
 
 def test_every_shard_reason_is_a_registered_skip_reason():
-    from energon_packing.loader import shards
+    from energon_packing.incoming import shards
     from energon_packing.stats import REASONS
 
     emitted = {
@@ -364,7 +364,7 @@ def energon_prepare(path: Path) -> None:
     """Energon's own prepare, as a user runs it (no check first)."""
     from megatron.energon.cli.main import main as energon_cli
 
-    from energon_packing.loader.prepare import write_yamls
+    from energon_packing.incoming.prepare import write_yamls
 
     args = ["prepare", str(path), "--non-interactive", "--skip-dataset-yaml",
             "--force-overwrite", "--no-progress", "--split-parts", "train:.*"]  # fmt: skip
@@ -438,7 +438,7 @@ def test_energon_refuses_a_cut_shard_and_keys_repeated_apart(tmp_path):
 
 @pytest.mark.energon
 def test_prepare_keeps_the_whole_samples_of_a_cut_shard(tmp_path):
-    from energon_packing.loader.prepare import ShardLossError, prepare_dataset
+    from energon_packing.incoming.prepare import ShardLossError, prepare_dataset
 
     data = tar(EIGHT)
     (tmp_path / "cut.tar").write_bytes(data[: 5 * 1024 + HEADER + 40])

@@ -614,7 +614,7 @@ def name_unprepared_datasets() -> None:
                     raise
                 from pathlib import Path
 
-                from energon_packing.loader.shards import enclosing_dataset, shard_paths
+                from energon_packing.incoming.shards import enclosing_dataset, shard_paths
 
                 folder = Path(str(path))
                 above = enclosing_dataset(folder)
@@ -822,7 +822,7 @@ def _check_first_sample(factory: Any, fields: dict, *, conversation: bool) -> No
     """:func:`~.samples.check_field_map` on the parts of the first sample of the factory's
     first shard (headers only). An unreadable or empty shard is left to the loader."""
     from energon_packing.loader.samples import check_field_map
-    from energon_packing.loader.tar_walk import first_sample
+    from energon_packing.incoming.tar_walk import first_sample
 
     if not factory.shards:
         return

@@ -103,7 +103,7 @@ class _Losses:
 def _dataset_losses(datasets: Any, names: dict[str, str]) -> list[tuple[str, str, str]]:
     """Every loss listed in the prepared datasets' ``.nv-meta/`` (each path once), its key
     named ``<dataset>/<key>`` in a blend (``names``: path -> dataset name)."""
-    from energon_packing.loader.shards import load_losses  # only when a dataset is built
+    from energon_packing.incoming.shards import load_losses  # only when a dataset is built
 
     paths = {str(p): None for d in datasets or () if (p := getattr(d.dataset, "path", None))}
     return [

@@ -45,7 +45,7 @@ def _prepared(ctx: click.Context, param: click.Parameter, path: Path | None) -> 
         return None
     meta = path / ".nv-meta"
     if not meta.is_dir():
-        from energon_packing.loader.shards import enclosing_dataset, shard_paths
+        from energon_packing.incoming.shards import enclosing_dataset, shard_paths
 
         above = enclosing_dataset(path)
         if above is not None:
@@ -670,7 +670,7 @@ def bench(
 )
 def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
     """Check every shard (as `check` does), run `energon prepare` and write our dataset yamls."""
-    from energon_packing.loader.prepare import (
+    from energon_packing.incoming.prepare import (
         ShardLossError,
         SplitPatternError,
         prepare_dataset,
@@ -691,7 +691,7 @@ def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
         raise click.ClickException(str(e) + hint) from None
     for name in written:
         click.echo(f"wrote {name}")
-    from energon_packing.loader.shards import load_losses
+    from energon_packing.incoming.shards import load_losses
 
     losses = load_losses(path)
     if losses:
@@ -723,7 +723,7 @@ def check(path: Path, limit: int, decode: bool, videos: bool, skips: Path | None
     """Read every tar header of every shard under PATH; list what Energon or WebDataset would
     drop, with shard, offset, key and reason, and every image that does not decode and every
     video whose header does not read. Exits 1 when anything would be lost or skipped."""
-    from energon_packing.loader.shards import scan_dataset, shard_paths
+    from energon_packing.incoming.shards import scan_dataset, shard_paths
     from energon_packing.tools.report import format_scan
 
     if not shard_paths(path):
@@ -777,11 +777,11 @@ def _write_skips(file: Path, rows) -> None:
 
 
 def _check_media(path: Path, limit: int, *, images: bool, videos: bool) -> list:
-    """``check``'s media pass (:func:`energon_packing.tools.media_check.scan_media`): prints
+    """``check``'s media pass (:func:`energon_packing.incoming.media_check.scan_media`): prints
     what it read and the images and videos the loader would skip; returns those."""
     if not images and not videos:
         return []
-    from energon_packing.tools.media_check import scan_media
+    from energon_packing.incoming.media_check import scan_media
 
     start = time.perf_counter()
     try:
@@ -892,7 +892,7 @@ def convert_command(
     shards at OUT; records not converted go to OUT/convert_report.jsonl, every converted
     record's key to OUT/convert_map.jsonl. Exits 1 when nothing (or less than
     --min-converted) converts, saying why."""
-    from energon_packing.tools.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
+    from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
 
     if dataset_info is not None and dataset is None:
         raise click.UsageError("--dataset-info needs --dataset NAME (the entry to convert)")

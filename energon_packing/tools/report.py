@@ -196,7 +196,7 @@ def format_tokens(measured: Measured) -> str:
 def _with_losses(path: Path | str, skipped: dict[str, int]) -> dict[str, int]:
     """The conversations ``prepare --allow-losses`` found lost in the shards, counted too: a
     pass without packing does not carry them (only the packing loader's report does)."""
-    from energon_packing.loader.shards import SHARD_REASONS, load_losses
+    from energon_packing.incoming.shards import SHARD_REASONS, load_losses
 
     losses = load_losses(path)
     carried = {r for r in SHARD_REASONS if r != "missing_json"} & set(skipped)

@@ -18,7 +18,7 @@ LLaVA-Video record writes ``<image>`` for its video (LLaVA-NeXT's trainer reads 
 its place): with a ``video`` and no ``image``, that placeholder is the video. A video that is
 not there, or is no video file, is reported (``missing_video``, ``unreadable_video``) with the
 record's id and the path. Images are decoded and videos' container headers read, as the loader
-will, unless ``decode`` is off (:mod:`energon_packing.tools.media`): a truncated JPEG is
+will, unless ``decode`` is off (:mod:`energon_packing.incoming.media`): a truncated JPEG is
 reported ``corrupt_image`` here, not at training time.
 
 Output (``OUT`` is created; refused if it exists and is not empty, unless an earlier convert
@@ -57,8 +57,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from energon_packing.tools.media import VIDEO_EXTENSIONS, FilePart, MediaLoader, of
-from energon_packing.tools.records import (
+from energon_packing.incoming.media import VIDEO_EXTENSIONS, FilePart, MediaLoader, of
+from energon_packing.incoming.records import (
     COLUMNS,
     FORMATS,
     IMAGE,
@@ -403,10 +403,10 @@ def convert(
         source: A file or folder of records (with ``dataset_info``: LLaMA-Factory's dataset
             folder, the entry's ``file_name`` is read under it).
         out: The dataset folder to create (must not exist, or be empty; see ``overwrite``).
-        format: ``auto`` or one of :data:`~energon_packing.tools.records.FORMATS`.
+        format: ``auto`` or one of :data:`~energon_packing.incoming.records.FORMATS`.
         columns: The record keys that hold what we read, as ``{"messages": "conv", "images":
             "imgs"}``, ``"messages=conv,images=imgs"`` or ms-swift's JSON ``'{"conv":
-            "messages"}'`` (names: :data:`~energon_packing.tools.records.COLUMNS`).
+            "messages"}'`` (names: :data:`~energon_packing.incoming.records.COLUMNS`).
         dataset_info, dataset: LLaMA-Factory's ``dataset_info.json`` and the entry to read: its
             ``file_name``, ``formatting``, ``columns`` and ``tags`` (``columns`` adds to them).
         media_root: Where relative image and video paths point (default: the source's
@@ -466,7 +466,7 @@ def convert(
             _keep_only_report(out)
             raise ConvertError(_why(result, rejected, how, min_converted), result=result)
         if prepare:
-            from energon_packing.loader.prepare import prepare_dataset
+            from energon_packing.incoming.prepare import prepare_dataset
 
             parts = [
                 f"{name}:shards/{name}-.*\\.tar$"

@@ -76,7 +76,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from energon_packing.loader.tar_walk import (
+from energon_packing.incoming.tar_walk import (
     BLOCK,
     Member,
     is_meta,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_packing.encoding.images import VIDEO_SUFFIXES
-from energon_packing.tools.records import RecordError, data_uri, sniff_suffix
+from energon_packing.incoming.records import RecordError, data_uri, sniff_suffix
 
 __all__ = ["VIDEO_EXTENSIONS", "FilePart", "MediaLoader", "of"]
 

@@ -7,7 +7,7 @@ The documented manual route is two steps::
     cp configs/dataset.yaml PATH/.nv-meta/dataset.yaml          # and dataset_crude.yaml
 
 :func:`prepare_dataset` (CLI: ``energon-packing prepare PATH``) does both, after reading every
-shard's headers (:mod:`energon_packing.loader.shards`): a dataset where conversations would
+shard's headers (:mod:`energon_packing.incoming.shards`): a dataset where conversations would
 vanish below the loader, uncounted, is refused unless ``allow_losses=True`` (``--allow-losses``);
 then shards cut mid-member are cut back to their whole samples and the lost conversations are
 written to ``.nv-meta/energon_packing_losses.json``, which the loader's skip report carries.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_packing.errors import describe
-from energon_packing.loader.shards import (
+from energon_packing.incoming.shards import (
     LOSSES_FILE,
     Scan,
     cut_losses,

@@ -1,7 +1,7 @@
 """``energon-packing check``'s media pass: every image decoded and every video's container
 header read, before training.
 
-The shard scan (:func:`energon_packing.loader.shards.scan_dataset`) reads tar headers only.
+The shard scan (:func:`energon_packing.incoming.shards.scan_dataset`) reads tar headers only.
 This pass reads each image part a document lists and each video part's bytes and checks them as the loader will: an image
 is decoded (:func:`energon_packing.encoding.images.verify`; ``corrupt_image``: a truncated JPEG,
 a body that is no image behind a JPEG's first bytes), a video's container header read
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import Skip
-from energon_packing.loader.shards import Finding, shard_paths
-from energon_packing.loader.tar_walk import split_key
+from energon_packing.incoming.shards import Finding, shard_paths
+from energon_packing.incoming.tar_walk import split_key
 
 __all__ = ["MediaScan", "scan_media"]
 
