@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mixes import MIXES, generate  # noqa: E402
 
 from energon_packing import PackingTaskEncoder  # noqa: E402
-from energon_packing.loader.loading import epoch  # noqa: E402
 from energon_packing.incoming.prepare import prepare_dataset  # noqa: E402
+from energon_packing.loader.loading import epoch  # noqa: E402
 from energon_packing.packing import lower_bound  # noqa: E402
 from energon_packing.packing.balance import attention_cost, imbalance  # noqa: E402
 from energon_packing.testing.synth import sized_conversations, write_shards  # noqa: E402

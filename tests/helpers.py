@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from energon_packing.loader.loading import epoch
 from energon_packing.incoming.prepare import prepare_dataset
+from energon_packing.loader.loading import epoch
 from energon_packing.testing.synth import Conversation, write_shards
 from energon_packing.trainer import validate_prepacked
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from energon_packing.incoming.convert import convert
 from energon_packing.testing import corpora
 from energon_packing.tools.cli import main
-from energon_packing.incoming.convert import convert
 
 
 @pytest.mark.energon

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from helpers import loader_batches
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.testing import corpora
 from energon_packing.incoming import convert as convert_module
-from energon_packing.tools.cli import main
 from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, convert, read_records
+from energon_packing.testing import corpora
+from energon_packing.tools.cli import main
 
 
 def _lines(path: Path) -> list[dict]:

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from helpers import make_dataset, raw_sample
 from PIL import Image
 
-from energon_packing.tools.cli import main
 from energon_packing.incoming.convert import convert
+from energon_packing.tools.cli import main
 
 TURNS = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "This."}]
 

@@ -821,8 +821,8 @@ def _field_map(loader: Any) -> dict | None:
 def _check_first_sample(factory: Any, fields: dict, *, conversation: bool) -> None:
     """:func:`~.samples.check_field_map` on the parts of the first sample of the factory's
     first shard (headers only). An unreadable or empty shard is left to the loader."""
-    from energon_packing.loader.samples import check_field_map
     from energon_packing.incoming.tar_walk import first_sample
+    from energon_packing.loader.samples import check_field_map
 
     if not factory.shards:
         return
