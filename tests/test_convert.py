@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from helpers import loader_batches
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.incoming import convert as convert_module
+from energon_packing.incoming import sources, tar_writer
 from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, convert, read_records
 from energon_packing.testing import corpora
 from energon_packing.tools.cli import main
@@ -182,11 +182,11 @@ def test_a_json_list_streams_across_chunk_boundaries(tmp_path, monkeypatch):
     ]
     path = tmp_path / "list.json"
     path.write_text(json.dumps(tricky, ensure_ascii=False, indent=2))
-    monkeypatch.setattr(convert_module, "_CHUNK", 7)
+    monkeypatch.setattr(sources, "_CHUNK", 7)
     assert [r for _, _, r in read_records(path)] == tricky
     path.write_text(json.dumps(tricky)[:-30])  # cut: the rest is one broken record
     got = list(read_records(path))
-    assert isinstance(got[-1][2], convert_module.Broken) and len(got) < 41
+    assert isinstance(got[-1][2], sources.Broken) and len(got) < 41
 
 
 def test_cli_counts_strict_and_refuses_a_non_empty_out(llava, tmp_path):
@@ -273,7 +273,7 @@ def test_what_cannot_be_read_names_convert():
     sample = conversation_sample("k", {"conversations": [{"from": "robot", "value": "hi"}]})
     reason, detail = sample.problem
     assert reason == "malformed_message"
-    assert detail.startswith("conversations[0]: 'from' is 'robot'")
+    assert detail.startswith("conversations[0]: the speaker is 'robot'")
     assert "energon-packing convert" in detail
     sample = conversation_sample("k", {"dialogue": []})
     reason, detail = sample.problem
@@ -478,7 +478,7 @@ def test_a_failed_run_leaves_no_folder_behind(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(convert_module._Shards, "add", boom)
+    monkeypatch.setattr(tar_writer.Shards, "add", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         convert(source=source, out=tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -241,8 +241,8 @@ def test_far_less_converted_than_read_fails_unless_min_converted_allows_it(tmp_p
     assert _last_line(result).startswith(
         "Error: converted 1 of 4 records read, less than --min-converted 0.5 of them "
         "(malformed_record 3); the first rejected, data.jsonl index 1, has keys 'messages' "
-        "(malformed_record: turn 0: the speaker is 'robot', not one of human, user, gpt, "
-        "assistant, system (name yours with --dataset-info's tags))"
+        "(malformed_record: messages[0]: the speaker is 'robot', not one of human, user, gpt, "
+        "assistant, system (map yours with `energon-packing convert --dataset-info`'s tags))"
     )
     assert _last_line(result).endswith("; --min-converted 0 keeps the records that convert")
     kept = runner.invoke(

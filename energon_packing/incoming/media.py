@@ -11,16 +11,27 @@ start a video container, and with ``decode`` its container header is read as the
 
 from __future__ import annotations
 
+import base64
+import io
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from energon_packing.encoding.images import VIDEO_SUFFIXES
-from energon_packing.incoming.records import RecordError, data_uri, sniff_suffix
+from energon_packing.errors import Skip
 
-__all__ = ["VIDEO_EXTENSIONS", "FilePart", "MediaLoader", "of"]
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "FilePart",
+    "MediaLoader",
+    "data_uri",
+    "of",
+    "sniff_suffix",
+    "suffix_of",
+]
 
 logger = logging.getLogger("energon_packing")
 
@@ -67,19 +78,19 @@ class MediaLoader:
         if isinstance(source, dict):  # a datasets Image entry
             data, path = source.get("bytes"), source.get("path")
             if data is None and path is None:
-                raise RecordError("missing_image", f"an {kind} entry with neither bytes nor path")
+                raise Skip("missing_image", f"an {kind} entry with neither bytes nor path")
         elif isinstance(source, (bytes, bytearray)):
             data = bytes(source)
         elif isinstance(source, str):
             data = data_uri(source)
             path = None if data is not None else source.removeprefix("file://")
         else:
-            raise RecordError("malformed_record", f"an {kind} given as {type(source).__name__}")
+            raise Skip("malformed_record", f"an {kind} given as {type(source).__name__}")
         if data is None:
             return self._file(path, kind, record_id)
         suffix = sniff_suffix(data)
         if suffix is None:
-            raise RecordError("unreadable_image", f"{path or 'the image bytes'} is not an image")
+            raise Skip("unreadable_image", f"{path or 'the image bytes'} is not an image")
         if self.decode:
             _verify(data, f"{kind} {path!r}" if path else f"the {kind} bytes", record_id)
         return data, suffix
@@ -95,15 +106,15 @@ class MediaLoader:
                     return FilePart(file, size), suffix
                 data = head + f.read()  # decoded, or another format: Pillow decides
         except FileNotFoundError:
-            raise RecordError(
+            raise Skip(
                 "missing_image", f"{kind} file {path!r} not found under {self.root}"
             ) from None
         except OSError as e:
-            raise RecordError("unreadable_image", f"{kind} file {path!r}: {e}") from None
+            raise Skip("unreadable_image", f"{kind} file {path!r}: {e}") from None
         if suffix is None:
             suffix = sniff_suffix(data)
         if suffix is None:
-            raise RecordError("unreadable_image", f"{path} is not an image Pillow reads")
+            raise Skip("unreadable_image", f"{path} is not an image Pillow reads")
         if self.decode:
             _verify(data, f"{kind} file {path!r}", record_id)
         return data, suffix
@@ -114,7 +125,7 @@ class MediaLoader:
         if isinstance(source, dict):  # a datasets Video entry
             data, name = source.get("bytes"), source.get("path")
             if data is None and name is None:
-                raise RecordError(
+                raise Skip(
                     "missing_video", f"a video entry with neither bytes nor path{of(record_id)}"
                 )
         elif isinstance(source, (bytes, bytearray)):
@@ -123,13 +134,13 @@ class MediaLoader:
             data = _video_uri(source, record_id)
             name = None if data is not None else source.removeprefix("file://")
         elif isinstance(source, list):
-            raise RecordError(
+            raise Skip(
                 "malformed_record",
                 f"a video given as a list of {len(source)} items (frames?){of(record_id)}: "
                 "convert stores video files; encode the frames into one and name it",
             )
         else:
-            raise RecordError(
+            raise Skip(
                 "malformed_record", f"a video given as {type(source).__name__}{of(record_id)}"
             )
         if data is None:
@@ -147,15 +158,15 @@ class MediaLoader:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(_VIDEO_HEAD)
         except FileNotFoundError:
-            raise RecordError(
+            raise Skip(
                 "missing_video",
                 f"{what} not found at {file}: put it there, or pass --media-root the folder "
                 "the record's paths are relative to",
             ) from None
         except IsADirectoryError:
-            raise RecordError("unreadable_video", _frames_folder(what, file)) from None
+            raise Skip("unreadable_video", _frames_folder(what, file)) from None
         except OSError as e:
-            raise RecordError("unreadable_video", f"{what}: {e.strerror or e}") from None
+            raise Skip("unreadable_video", f"{what}: {e.strerror or e}") from None
         suffix = _video_suffix(path, head, size, what)
         if self.decode and not self._no_video_check:
             self._probe(file.read_bytes(), what)
@@ -171,13 +182,11 @@ class MediaLoader:
             logger.warning("video headers not checked (%s): pip install 'av>=14'", e)
             self._no_video_check = True
             return
-        from energon_packing.errors import Skip
-
         try:
             if not probe(data).frames:
                 raise Skip("video_empty", "the video stream holds no frame")
         except Skip as e:
-            raise RecordError(e.reason, f"{what}: {e.detail}") from None
+            raise Skip(e.reason, f"{what}: {e.detail}") from None
 
 
 #: Bytes read from a video file to recognise its container (WebM's DocType is within them).
@@ -187,21 +196,20 @@ _MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
 
 
 def _verify(data: bytes, what: str, record_id: Any) -> None:
-    """:func:`energon_packing.encoding.images.verify` as a :class:`RecordError`."""
+    """:func:`energon_packing.encoding.images.verify`, its skip naming the medium and record."""
     from energon_packing.encoding.images import verify
-    from energon_packing.errors import Skip
 
     try:
         verify(data)
     except Skip as e:
-        raise RecordError(e.reason, f"{what}{of(record_id)}: {e.detail}") from None
+        raise Skip(e.reason, f"{what}{of(record_id)}: {e.detail}") from None
 
 
 def _refuse_remote(source: Any, kind: str, record_id: Any, root: Path) -> None:
     """A medium behind an http(s) URL: ``remote_media``, naming the URL to download."""
     url = source.get("path") if isinstance(source, dict) and not source.get("bytes") else source
     if isinstance(url, str) and url.startswith(("http://", "https://")):
-        raise RecordError(
+        raise Skip(
             "remote_media",
             f"{kind} {url}{of(record_id)} is a URL: convert reads local files; download it "
             f"under {root} and write its path relative to that folder",
@@ -216,8 +224,8 @@ def _video_uri(source: str, record_id: Any) -> bytes | None:
     """The bytes of a ``data:video/...;base64,`` URI, else None."""
     try:
         return data_uri(source)
-    except RecordError as e:
-        raise RecordError("unreadable_video", f"{e.detail}{of(record_id)}") from None
+    except Skip as e:
+        raise Skip("unreadable_video", f"{e.detail}{of(record_id)}") from None
 
 
 def _container(head: bytes) -> str | None:
@@ -238,18 +246,18 @@ def _video_suffix(name: str, head: bytes, size: int, what: str) -> str:
     :data:`VIDEO_EXTENSIONS`), or the container's when ``name`` has none.
 
     Raises:
-        RecordError: ``unreadable_video``: another extension, or ``head`` starts no video.
+        Skip: ``unreadable_video``: another extension, or ``head`` starts no video.
     """
     extension = Path(name).suffix.lower().removeprefix(".")
     if extension and extension not in VIDEO_EXTENSIONS:
-        raise RecordError(
+        raise Skip(
             "unreadable_video",
             f"{what}: extension .{extension} is not one of {', '.join(VIDEO_EXTENSIONS)}; "
             "remux it (ffmpeg -i IN -c copy OUT.mp4) and point the record at the new file",
         )
     container = _container(head)
     if container is None:
-        raise RecordError("unreadable_video", f"{what} is not a video file: {_looks(head, size)}")
+        raise Skip("unreadable_video", f"{what} is not a video file: {_looks(head, size)}")
     return f".{extension or container}"
 
 
@@ -276,3 +284,46 @@ def _frames_folder(what: str, folder: Path) -> str:
         f"ffmpeg -framerate 2 -pattern_type glob -i '{folder}/*.jpg' {folder.name}.mp4, and "
         "point the record at it"
     )
+
+
+def data_uri(source: str) -> bytes | None:
+    """The bytes of a ``data:...;base64,`` URI, else None."""
+    if not source.startswith("data:"):
+        return None
+    head, _, payload = source.partition(",")
+    if ";base64" not in head:
+        raise Skip("unreadable_image", "a data: URI that is not base64")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except ValueError as e:
+        raise Skip("unreadable_image", f"a data: URI that does not decode ({e})") from None
+
+
+#: The magic bytes of the formats most datasets hold: no Pillow open for them.
+_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF8", ".gif"))
+
+
+def sniff_suffix(data: bytes, *, whole: bool = True) -> str | None:
+    """The image format of ``data`` as a part suffix (``.jpg``), None if it is no image.
+    JPEG, PNG, GIF and WebP by their signature; with ``whole`` (``data`` is the whole file),
+    every other format Pillow opens, by Pillow."""
+    for magic, suffix in _MAGIC:
+        if data.startswith(magic):
+            return suffix
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    if not whole:
+        return None
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = (image.format or "").lower()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return None
+    return {"jpeg": ".jpg", "tiff": ".tif"}.get(fmt, f".{fmt}" if fmt else ".bin")
+
+
+def suffix_of(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    return suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""

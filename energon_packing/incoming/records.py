@@ -1,7 +1,7 @@
 """What users' multimodal SFT records look like, turned into our conversation document.
 
 One record in, one document out (``{"messages": [...], "images": [...], "videos": [...]}``
-plus the media to store beside it), or :class:`RecordError` with a report reason. The shapes
+plus the media to store beside it), or :class:`Skip` with a report reason. The shapes
 read (``--format auto`` picks one per record; the explicit formats read the same shapes, each
 from the keys in :data:`NEEDS`):
 
@@ -30,33 +30,35 @@ we do not pack is reported, never dropped from a record that is then packed with
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from energon_packing.encoding.chat import SPEAKER_ROLES
+from energon_packing.errors import Skip
+from energon_packing.incoming.turns import (
+    TURN_KEYS,
+    listed,
+    pairs,
+    read_turns,
+    turn_key,
+    with_system,
+)
 
 __all__ = [
-    "COLUMNS",
     "FORMATS",
     "NEEDS",
     "REPORT_REASONS",
     "Converted",
-    "RecordError",
     "detect_format",
-    "map_columns",
-    "parse_columns",
     "to_document",
 ]
 
 FORMATS = ("llava", "sharegpt", "messages", "hf", "swift", "alpaca")
+
 #: What each format reads (a rejected record's report names it next to the keys it has).
 _TURNS = "turns under 'conversations' / 'messages' / 'conversation'"
+
 NEEDS = {
     "llava": f"{_TURNS}, media under 'image(s)' / 'video(s)'",
     "sharegpt": f"{_TURNS}, media under 'images' / 'videos'",
@@ -66,6 +68,7 @@ NEEDS = {
     "alpaca": "'instruction' + 'output' (+ 'input', 'history', 'system')",
     "auto": f"{_TURNS}, 'query' + 'response', 'instruction' + 'output', or 'texts' + 'images'",
 }
+
 REPORT_REASONS = (
     "missing_image",
     "unreadable_image",
@@ -77,33 +80,13 @@ REPORT_REASONS = (
     "empty_conversation",
     "malformed_record",
 )
+
 IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
+
 _PLACEHOLDERS = {"image": IMAGE, "video": VIDEO}
-#: Tool turns (LLaMA-Factory's function_call / observation, ms-swift's tool_call / tool): not
-#: packed yet, reported ``unsupported_field``.
-_TOOL_ROLES = ("function_call", "observation", "tool", "tool_call", "tool_response", "function")
-#: Where a record's turns are, in the order looked for.
-_TURN_KEYS = ("messages", "conversations", "conversation")
+
 #: ms-swift's grounding tags, filled from its ``objects`` field.
 _GROUNDING = re.compile(r"<ref-object>|<bbox>")
-#: The names ``columns`` may map a record's keys to (``image`` / ``video`` read as the plural).
-COLUMNS = (
-    "messages", "images", "videos", "audios", "system", "query", "response", "history",
-    "instruction", "input", "output", "objects", "texts", "id",
-)  # fmt: skip
-#: LLaMA-Factory's ``tags`` (dataset_info.json): how its turns spell roles and text.
-_TAGS = (
-    "role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag",
-    "function_tag",
-)  # fmt: skip
-
-
-class RecordError(Exception):
-    """A record that is reported, not converted: ``reason`` (one of :data:`REPORT_REASONS`)."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
 
 
 @dataclass(kw_only=True, slots=True)
@@ -113,87 +96,6 @@ class Converted:
     document: dict
     parts: dict[str, bytes] = field(default_factory=dict)
     id: Any = None
-
-
-def parse_columns(spec: str | Mapping[str, str] | None) -> dict[str, str]:
-    """``messages=conv,images=imgs`` (or that mapping), or ms-swift's JSON ``{"conv":
-    "messages"}`` (the record's key first) -> ``{name: the record's key}``.
-
-    Raises:
-        ValueError: a name not in :data:`COLUMNS`, or a pair that is not ``name=key``.
-    """
-    if not spec:
-        return {}
-    if isinstance(spec, str) and spec.lstrip().startswith("{"):
-        try:
-            swift = json.loads(spec)
-        except ValueError as e:
-            raise ValueError(f"--columns {spec!r} is not JSON ({e})") from None
-        pairs = {str(name): str(key) for key, name in swift.items()}
-    elif isinstance(spec, str):
-        pairs = {}
-        for item in filter(None, (s.strip() for s in spec.split(","))):
-            name, sep, key = item.partition("=")
-            if not sep or not name.strip() or not key.strip():
-                raise ValueError(f"--columns {item!r} is not NAME=KEY (e.g. messages=conv)")
-            pairs[name.strip()] = key.strip()
-    else:
-        pairs = dict(spec)
-    out = {}
-    for name, key in pairs.items():
-        name = {"image": "images", "video": "videos", "audio": "audios"}.get(name, name)
-        name = "messages" if name in ("conversations", "conversation") else name
-        if name not in COLUMNS:
-            flipped = f" (did you mean {key}={name}? NAME=KEY: ours, then the record's)"
-            raise ValueError(
-                f"--columns names {name!r}, which is none of {', '.join(COLUMNS)}"
-                + (flipped if key in COLUMNS else "")
-            )
-        out[name] = key
-    return out
-
-
-def map_columns(
-    record: Any, columns: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None
-) -> Any:
-    """``record`` with its keys renamed as ``columns`` says (``{name: the record's key}``) and
-    its turns' role and text keys and role values as LLaMA-Factory's ``tags`` say."""
-    if not isinstance(record, dict) or not (columns or tags):
-        return record
-    out = dict(record)
-    for name, key in (columns or {}).items():
-        if key in record and key != name:
-            out.pop(key, None)
-            if name == "messages":  # the mapped turns, not another key's
-                for other in _TURN_KEYS:
-                    out.pop(other, None)
-            out[name] = record[key]
-    if tags and isinstance(out.get(_turn_key(out)), list):
-        out[_turn_key(out)] = [_tagged(turn, tags) for turn in out[_turn_key(out)]]
-    return out
-
-
-def _tagged(turn: Any, tags: Mapping[str, str]) -> Any:
-    if not isinstance(turn, dict):
-        return turn
-    role_tag, content_tag = tags.get("role_tag", "from"), tags.get("content_tag", "value")
-    if role_tag not in turn:
-        return turn
-    speakers = {
-        tags.get("user_tag", "human"): "user",
-        tags.get("assistant_tag", "gpt"): "assistant",
-        tags.get("system_tag", "system"): "system",
-        tags.get("observation_tag", "observation"): "observation",
-        tags.get("function_tag", "function_call"): "function_call",
-    }
-    speaker = turn[role_tag]
-    rest = {k: v for k, v in turn.items() if k not in (role_tag, content_tag)}
-    return {**rest, "role": speakers.get(speaker, speaker), "content": turn.get(content_tag)}
-
-
-def _turn_key(record: dict) -> str | None:
-    """The key of a record's turns (the first of :data:`_TURN_KEYS` present)."""
-    return next((key for key in _TURN_KEYS if key in record), None)
 
 
 def detect_format(record: Any) -> str:
@@ -209,7 +111,7 @@ def detect_format(record: Any) -> str:
             return "swift"
         if "instruction" in record and "output" in record:
             return "alpaca"
-    raise RecordError("malformed_record", f"{_has(record)}; auto reads {NEEDS['auto']}")
+    raise Skip("malformed_record", f"{_has(record)}; auto reads {NEEDS['auto']}")
 
 
 def _has(record: Any) -> str:
@@ -249,14 +151,14 @@ class _Listed:
             if not used:
                 self.used[i] = True
                 return self.items[i]
-        raise RecordError(
+        raise Skip(
             "malformed_record",
             f"more {self.kind} references than the {len(self.items)} {self.kind}(s) listed",
         )
 
     def at(self, index: Any) -> Any:
         if not isinstance(index, int) or not 0 <= index < len(self.items):
-            raise RecordError(
+            raise Skip(
                 "malformed_record",
                 f"an {self.kind} part's index {index!r} is not one of the {len(self.items)} "
                 f"listed {self.kind}(s)",
@@ -266,16 +168,6 @@ class _Listed:
 
     def left(self) -> int:
         return self.used.count(False)
-
-
-def _listed(value: Any, what: str) -> list:
-    if value is None:
-        return []
-    if isinstance(value, (str, dict, bytes)):
-        return [value]
-    if isinstance(value, list):
-        return value
-    raise RecordError("malformed_record", f"'{what}' is {type(value).__name__}, not a list")
 
 
 def _pattern(queue: dict[str, _Listed]) -> re.Pattern:
@@ -295,7 +187,7 @@ def _split(text: str, queue: dict[str, _Listed], media: _Media) -> list[dict] | 
         if piece in (IMAGE, VIDEO):
             kind = "image" if piece == IMAGE else "video"
             if not queue[kind].left():
-                raise RecordError(
+                raise Skip(
                     "malformed_record", f"more {piece} placeholders than {kind}s in the record"
                 )
             parts.append({"type": kind, kind: media.add(queue[kind].next(), kind)})
@@ -316,7 +208,7 @@ def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Med
     lead = {kind: [] if counts[kind] else queue[kind].items for kind in queue}
     for kind in queue:
         if counts[kind] and counts[kind] != len(queue[kind].items):
-            raise RecordError(
+            raise Skip(
                 "malformed_record",
                 f"{counts[kind]} <{kind}> placeholder(s) for {len(queue[kind].items)} {kind}(s)",
             )
@@ -336,95 +228,15 @@ def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Med
             content = first + [p for p in text_parts if p.get("text") != ""]
         messages.append({"role": role, "content": content})
     if lead["image"] or lead["video"]:
-        raise RecordError("malformed_record", "media but no user turn to put them in")
+        raise Skip("malformed_record", "media but no user turn to put them in")
     return messages
-
-
-def _role(speaker: Any, i: int) -> str:
-    role = SPEAKER_ROLES.get(speaker) if isinstance(speaker, str) else None
-    if role is not None:
-        return role
-    if speaker in _TOOL_ROLES:
-        raise RecordError(
-            "unsupported_field",
-            f"turn {i} is a {speaker!r} turn: tool calls are not packed yet; convert the "
-            "records without them",
-        )
-    raise RecordError(
-        "malformed_record",
-        f"turn {i}: the speaker is {speaker!r}, not one of {', '.join(SPEAKER_ROLES)} (name "
-        "yours with --dataset-info's tags)",
-    )
-
-
-def _turn_list(record: dict) -> tuple[str, list[tuple[str, Any]]]:
-    """The record's turns as ``(role, content)``, and the key they are under. A turn is
-    ``from``/``value``, ``role``/``content`` or ms-swift's ``{"human", "assistant"}`` pair."""
-    key = _turn_key(record)
-    value = record.get(key)
-    if not isinstance(value, list):
-        raise RecordError("malformed_record", f"'{key}' is {type(value).__name__}, not a list")
-    if not value:
-        raise RecordError("empty_conversation", f"'{key}' is empty: no turn to train on")
-    turns: list[tuple[str, Any]] = []
-    for i, turn in enumerate(value):
-        if not isinstance(turn, dict):
-            raise RecordError("malformed_record", f"turn {i} is {type(turn).__name__}")
-        speaker = turn.get("from") if turn.get("from") is not None else turn.get("role")
-        if speaker is not None:
-            content = turn.get("value") if turn.get("value") is not None else turn.get("content")
-            if not isinstance(content, (str, list)):
-                raise RecordError(
-                    "malformed_record",
-                    f"turn {i} has no string 'value' / 'content' (keys {', '.join(turn)})",
-                )
-            turns.append((_role(speaker, i), content))
-        elif "human" in turn or "assistant" in turn:  # ms-swift: {"human", "assistant"} pairs
-            for speaker in ("human", "assistant"):
-                if isinstance(turn.get(speaker), str):
-                    turns.append((SPEAKER_ROLES[speaker], turn[speaker]))
-        else:
-            raise RecordError(
-                "malformed_record",
-                f"turn {i} has keys {', '.join(map(repr, turn))}, none of 'from' / 'role' / "
-                "'human' (map them with --dataset-info's tags)",
-            )
-    return key, _with_system(record, turns)
-
-
-def _with_system(record: dict, turns: list) -> list:
-    if isinstance(record.get("system"), str) and record["system"] and turns[0][0] != "system":
-        return [("system", record["system"]), *turns]
-    return turns
-
-
-def _pairs(record: dict, prompt: str, answer: str) -> list[tuple[str, str]]:
-    """ms-swift's query / response (LLaMA-Factory's alpaca: instruction + input / output) with
-    the ``history`` of ``[q, r]`` pairs before them."""
-    turns = []
-    for i, pair in enumerate(_listed(record.get("history"), "history")):
-        if not (
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)
-        ):
-            raise RecordError("malformed_record", f"history[{i}] is not a [query, response] pair")
-        turns += [("user", pair[0]), ("assistant", pair[1])]
-    query, response = record.get(prompt), record.get(answer)
-    if prompt == "instruction" and isinstance(record.get("input"), str) and record["input"]:
-        query = f"{query}\n{record['input']}" if query else record["input"]
-    if not isinstance(query, str) or not isinstance(response, str):
-        raise RecordError(
-            "malformed_record",
-            f"'{prompt}' and '{answer}' must be strings (they are {type(query).__name__} and "
-            f"{type(response).__name__})",
-        )
-    return _with_system(record, [*turns, ("user", query), ("assistant", response)])
 
 
 def _media_list(record: dict, *names: str) -> list:
     """The record's media under ``names`` (a path, a list of them); empty strings are none."""
     out = []
     for name in names:
-        out += [m for m in _listed(record.get(name), name) if m not in ("", None)]
+        out += [m for m in listed(record.get(name), name) if m not in ("", None)]
     return out
 
 
@@ -444,7 +256,7 @@ def _content(content: Any, queue: dict[str, _Listed], media: _Media) -> Any:
     if isinstance(content, str):
         return _split(content, queue, media)
     if not isinstance(content, list):
-        raise RecordError("malformed_record", f"content is {type(content).__name__}")
+        raise Skip("malformed_record", f"content is {type(content).__name__}")
     out: list[dict] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
@@ -460,11 +272,11 @@ def _content(content: Any, queue: dict[str, _Listed], media: _Media) -> Any:
                 source = queue[media_kind].at(part["index"])
             elif source is None:  # {"type": "image"} alone: the next listed image
                 if not queue[media_kind].left():
-                    raise RecordError("malformed_record", f"an {media_kind} part names none")
+                    raise Skip("malformed_record", f"an {media_kind} part names none")
                 source = queue[media_kind].next()
             out.append({"type": media_kind, media_kind: media.add(source, media_kind)})
         else:
-            raise RecordError("malformed_record", f"content part of type {kind!r}")
+            raise Skip("malformed_record", f"content part of type {kind!r}")
     return out
 
 
@@ -491,11 +303,9 @@ def _conversation(turns: list[tuple[str, Any]], images: list, videos: list, medi
         return _unreferenced(turns, images, videos, media)
     queue = {"image": _Listed(images, "image"), "video": _Listed(videos, "video")}
     out = [{"role": role, "content": _content(content, queue, media)} for role, content in turns]
-    for kind, listed in queue.items():
-        if listed.left():
-            raise RecordError(
-                "malformed_record", f"{listed.left()} listed {kind}(s) no message refers to"
-            )
+    for kind, refs in queue.items():
+        if refs.left():
+            raise Skip("malformed_record", f"{refs.left()} listed {kind}(s) no message refers to")
     return out
 
 
@@ -514,29 +324,27 @@ def _unreferenced(turns: list, images: list, videos: list, media: _Media) -> lis
             )
         out.append({"role": role, "content": content})
     if lead:
-        raise RecordError("malformed_record", "media but no user turn to put them in")
+        raise Skip("malformed_record", "media but no user turn to put them in")
     return out
 
 
 def _cauldron(record: dict, media: _Media) -> list[dict]:
     turns = []
-    for i, pair in enumerate(_listed(record.get("texts"), "texts")):
+    for i, pair in enumerate(listed(record.get("texts"), "texts")):
         if not isinstance(pair, dict) or not all(
             isinstance(pair.get(k), str) for k in ("user", "assistant")
         ):
-            raise RecordError(
-                "malformed_record", f"texts[{i}] needs 'user' and 'assistant' strings"
-            )
+            raise Skip("malformed_record", f"texts[{i}] needs 'user' and 'assistant' strings")
         turns += [("user", pair["user"]), ("assistant", pair["assistant"])]
     if not turns:
-        raise RecordError("empty_conversation", "'texts' is empty: no turn to train on")
+        raise Skip("empty_conversation", "'texts' is empty: no turn to train on")
     # no placeholders (the_cauldron writes none): every image leads the first user turn
-    return _turns(turns, _listed(record.get("images"), "images"), [], media)
+    return _turns(turns, listed(record.get("images"), "images"), [], media)
 
 
 def _texts(record: dict) -> Iterator[str]:
     """Every text of a record's turns, pairs and history (the tags in them are checked)."""
-    for key in (*_TURN_KEYS, "texts", "history"):
+    for key in (*TURN_KEYS, "texts", "history"):
         items = record.get(key)
         for item in items if isinstance(items, list) else ():
             values = list(item.values()) if isinstance(item, dict) else item
@@ -553,7 +361,7 @@ def _texts(record: dict) -> Iterator[str]:
 
 
 def _parts(record: dict) -> Iterator[dict]:
-    for key in _TURN_KEYS:
+    for key in TURN_KEYS:
         for turn in record.get(key) if isinstance(record.get(key), list) else ():
             content = turn.get("content") if isinstance(turn, dict) else None
             if isinstance(content, list):
@@ -567,7 +375,7 @@ def _refuse_unsupported(record: dict) -> None:
     kinds = [p.get("type") for p in _parts(record)]
     if audios or any(k in ("audio", "input_audio", "audio_url") for k in kinds):
         what = f"{len(audios)} audio(s) ({str(audios[0])[:80]!r}...)" if audios else "audio parts"
-        raise RecordError(
+        raise Skip(
             "unsupported_media",
             f"the record carries {what}: audio is not packed yet, and without it the answer "
             "would be trained on sound the model never hears; convert it once audio is supported",
@@ -580,7 +388,7 @@ def _refuse_unsupported(record: dict) -> None:
             if objects
             else ", ".join(tags)
         )
-        raise RecordError(
+        raise Skip(
             "unsupported_field",
             f"the record carries {what} (ms-swift grounding: the tags are filled from "
             "'objects'): not packed, the tags would be trained as literal text",
@@ -589,20 +397,20 @@ def _refuse_unsupported(record: dict) -> None:
 
 def to_document(record: Any, fmt: str, load: Callable[[Any, str], tuple[bytes, str]]) -> Converted:
     """One record -> :class:`Converted`; ``load(source, kind)`` returns a media source's bytes
-    and its part suffix (or raises :class:`RecordError`). ``fmt``: one of :data:`FORMATS`."""
+    and its part suffix (or raises :class:`Skip`). ``fmt``: one of :data:`FORMATS`."""
     if not isinstance(record, dict):
-        raise RecordError("malformed_record", f"a record is {type(record).__name__}, not an object")
+        raise Skip("malformed_record", f"a record is {type(record).__name__}, not an object")
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r}; choose one of {', '.join(FORMATS)} or auto")
     _refuse_unsupported(record)
     media = _Media(load)
     images = _media_list(record, "image", "images")
     videos = _media_list(record, "video", "videos")
-    key = _turn_key(record)
+    key = turn_key(record)
     if fmt == "hf" and "texts" in record and key is None:
         messages = _cauldron(record, media)
     elif key is not None and fmt != "alpaca":
-        key, turns = _turn_list(record)
+        turns = with_system(record, read_turns(record.get(key), key=key))
         messages = _conversation(turns, images, videos, media)
     elif fmt in ("swift", "alpaca") and (
         ("query" in record or "response" in record)
@@ -610,11 +418,11 @@ def to_document(record: Any, fmt: str, load: Callable[[Any, str], tuple[bytes, s
         else ("instruction" in record or "output" in record)
     ):
         prompt, answer = ("query", "response") if fmt == "swift" else ("instruction", "output")
-        messages = _turns(_pairs(record, prompt, answer), images, videos, media)
+        messages = _turns(pairs(record, prompt, answer), images, videos, media)
     else:
-        raise RecordError("malformed_record", f"{_has(record)}; --format {fmt} reads {NEEDS[fmt]}")
+        raise Skip("malformed_record", f"{_has(record)}; --format {fmt} reads {NEEDS[fmt]}")
     if not messages:
-        raise RecordError("empty_conversation", "no turns")
+        raise Skip("empty_conversation", "no turns")
     document: dict[str, Any] = {"messages": messages}
     if media.images:
         document["images"] = media.images
@@ -624,46 +432,3 @@ def to_document(record: Any, fmt: str, load: Callable[[Any, str], tuple[bytes, s
         if name in record:
             document[name] = record[name]
     return Converted(document=document, parts=media.parts, id=record.get("id"))
-
-
-def data_uri(source: str) -> bytes | None:
-    """The bytes of a ``data:...;base64,`` URI, else None."""
-    if not source.startswith("data:"):
-        return None
-    head, _, payload = source.partition(",")
-    if ";base64" not in head:
-        raise RecordError("unreadable_image", "a data: URI that is not base64")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except ValueError as e:
-        raise RecordError("unreadable_image", f"a data: URI that does not decode ({e})") from None
-
-
-#: The magic bytes of the formats most datasets hold: no Pillow open for them.
-_MAGIC = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG\r\n\x1a\n", ".png"), (b"GIF8", ".gif"))
-
-
-def sniff_suffix(data: bytes, *, whole: bool = True) -> str | None:
-    """The image format of ``data`` as a part suffix (``.jpg``), None if it is no image.
-    JPEG, PNG, GIF and WebP by their signature; with ``whole`` (``data`` is the whole file),
-    every other format Pillow opens, by Pillow."""
-    for magic, suffix in _MAGIC:
-        if data.startswith(magic):
-            return suffix
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ".webp"
-    if not whole:
-        return None
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            fmt = (image.format or "").lower()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return None
-    return {"jpeg": ".jpg", "tiff": ".tif"}.get(fmt, f".{fmt}" if fmt else ".bin")
-
-
-def suffix_of(path: str) -> str:
-    suffix = Path(path).suffix.lower()
-    return suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""

@@ -36,9 +36,10 @@ import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from energon_packing.encoding.chat import SPEAKER_ROLES, Skip, brief, check_loss_weight
+from energon_packing.encoding.chat import Skip, brief, check_loss_weight
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
+from energon_packing.incoming.turns import read_turns
 from energon_packing.schema import Pack
 
 __all__ = [
@@ -220,18 +221,10 @@ def _refuse_unpacked(data: dict) -> None:
 
 
 def _from_value(turns: list) -> list:
-    """LLaVA's ``[{"from": "human", "value": ...}]`` as ``messages``."""
-    messages = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or turn.get("from") not in SPEAKER_ROLES:
-            speaker = turn.get("from") if isinstance(turn, dict) else turn
-            raise Skip(
-                "malformed_message",
-                f"conversations[{i}]: 'from' is {brief(speaker)}, not human, gpt or system; "
-                f"`energon-packing convert` maps other shapes",
-            )
-        messages.append({"role": SPEAKER_ROLES[turn["from"]], "content": turn.get("value")})
-    return messages
+    """LLaVA's ``[{"from": "human", "value": ...}]`` as ``messages``, read by convert's turn
+    reader (:func:`energon_packing.incoming.turns.read_turns`: one reader of LLaVA turns)."""
+    turns = read_turns(turns, key="conversations", malformed="malformed_message")
+    return [{"role": role, "content": content} for role, content in turns]
 
 
 def _listed(data: dict, messages: list, parts: dict[str, bytes], *, kind: str) -> list[str]:
