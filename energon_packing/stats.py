@@ -62,7 +62,6 @@ REASONS = {
     "template_error": "the processor's chat template refused the conversation (its message), or is not prefix-stable",
     # images
     "missing_image": "an image referenced or listed that the sample does not hold",
-    "duplicate_image": "an image listed or referenced twice",
     "placeholder_mismatch": "image references and the 'images' list disagree",
     "corrupt_image": "an image whose header or pixels do not decode",
     "image_too_large": "an image over max_image_pixels (read from the header, nothing decoded)",
@@ -70,7 +69,6 @@ REASONS = {
     "unsupported_image": "an image the processor's family cannot take, or an image for a text-only tokenizer",
     # videos
     "missing_video": "a video referenced or listed that the sample does not hold",
-    "duplicate_video": "a video listed or referenced twice",
     "too_many_videos": "more videos than max_images (the limit on each kind of media)",
     "unsupported_video": "a video for a layout without videos (a family other than Qwen2/2.5/3-VL, a tokenizer without <|video_pad|>, or PyAV not installed)",
     "video_unreadable": "a video part that is no container PyAV opens (header unreadable)",

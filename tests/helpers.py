@@ -8,6 +8,7 @@ from pathlib import Path
 
 from energon_packing.incoming.prepare import prepare_dataset
 from energon_packing.loader.loading import epoch
+from energon_packing.schema import is_empty
 from energon_packing.testing.synth import Conversation, write_shards
 from energon_packing.trainer import validate_prepacked
 
@@ -81,6 +82,9 @@ def check_batch(batch: dict, task_encoder) -> None:
     capacity = config.max_input_seq_length
     assert batch["input_ids"].shape == (len(batch["source_ids"]), capacity)
     assert batch["input_lengths"].tolist() == [capacity] * len(batch["source_ids"])
+    if is_empty(batch):  # accounting only: the skips of a pack none of whose members packed
+        assert batch["source_ids"] == [] and batch["packing_skipped"]
+        return
     validate_prepacked(
         batch,
         pad_multiple=config.pad_multiple,

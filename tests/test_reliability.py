@@ -94,7 +94,7 @@ CORPUS = {
             {"messages": ask("<image><image>?"), "images": ["img0.png", "img0.png"]},
             {"img0.png": png(64, 64)},
         ),
-        "duplicate_image",
+        None,  # the same image shown twice: packed twice, as the processor lays it out
     ),
     "corrupt_jpeg_header": (
         raw_sample(

@@ -218,10 +218,10 @@ def _mixed_dataset(path: Path) -> tuple[Path, dict[str, str | None]]:
     broken = {
         "noise": ({"n.mp4": bytes(range(256)) * 8}, _video_document("n.mp4"), "video_unreadable"),
         "gone": ({}, _video_document("g.mp4"), "missing_video"),
-        "twice": (
+        "listed_twice_shown_once": (
             {"c.mp4": clip},
             {**_video_document("c.mp4"), "videos": ["c.mp4", "c.mp4"]},
-            "duplicate_video",
+            "placeholder_mismatch",
         ),
         "unplaced": (
             {"c.mp4": clip},

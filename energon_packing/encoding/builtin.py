@@ -26,6 +26,7 @@ from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
     Skip,
     VideoCosting,
+    decode_once,
     fit_to_capacity,
     image_sizes,
     read_conversation,
@@ -244,18 +245,18 @@ class BuiltinChat:
             ValueError: the tokens do not match the media (a bug: it would corrupt its pack).
         """
         vision = config.vision  # built and validated on each access: once per conversation
-        decoded = [
-            patchify(
+        decoded = decode_once(
+            lambda data: patchify(
                 data,
                 vision,
                 max_pixels=config.max_image_pixels,
                 high_bit_depth=config.high_bit_depth,
-            )
-            for data in images
-        ]
+            ),
+            images,
+        )
         grids = [grid for _, grid in decoded]
         plans = list(video_plans) or [self.videos.plan(data) for data in videos]
-        clips = [self.videos.media(data, plan) for data, plan in zip(videos, plans)]
+        clips = decode_once(self.videos.media, videos, plans)
         special, ids = self.tokenizer.special, np.asarray(input_ids)
         starts = int((ids == special.vision_start).sum())
         pads = int((ids == special.image_pad).sum())

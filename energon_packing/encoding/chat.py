@@ -47,6 +47,7 @@ __all__ = [
     "VideoCosting",
     "brief",
     "check_loss_weight",
+    "decode_once",
     "fit_to_capacity",
     "image_sizes",
     "parse_turns",
@@ -124,16 +125,14 @@ class MediaRefs:
                 f"too_many_{kind}s", f"{len(names)} {kind}s listed, more than {knob}={max_count}"
             )
         self.names = list(names)
-        self.index: dict[str, int] = {}
+        #: name -> its entries in the list (a medium shown twice may be listed twice)
+        self.index: dict[str, list[int]] = {}
         for i, name in enumerate(self.names):
-            if name in self.index:
-                raise Skip(
-                    f"duplicate_{kind}", f"{kind} {brief(name)} is listed twice in '{kind}s'"
-                )
-            self.index[name] = i
+            self.index.setdefault(name, []).append(i)
         self.used = [False] * len(self.names)
         self.order: list[int] = []
         self._next = 0
+        self._limit = (max_count, knob)
 
     def take(self, name: str | None) -> Media:
         kind = self.kind
@@ -151,9 +150,15 @@ class MediaRefs:
                 raise Skip(
                     f"missing_{kind}", f"{kind} part {brief(name)} is not in the '{kind}s' list"
                 )
-            i = self.index[name]
-            if self.used[i]:
-                raise Skip(f"duplicate_{kind}", f"{kind} {brief(name)} is referenced twice")
+            entries = self.index[name]
+            # shown again: the processor encodes a medium once per reference, so this one
+            # stands here too (its entry not yet taken, else its first)
+            i = next((j for j in entries if not self.used[j]), entries[0])
+        limit, knob = self._limit
+        if limit is not None and len(self.order) >= limit:  # a medium shown again counts too
+            raise Skip(
+                f"too_many_{kind}s", f"more than {knob}={limit} {kind}s shown (a repeat counts)"
+            )
         self.used[i] = True
         self.order.append(i)
         return Media(kind=kind, index=i)
@@ -404,6 +409,19 @@ def video_plans(
         except Skip as e:
             raise Skip(e.reason, f"video {brief(name)}: {e.detail}") from None
     return plans
+
+
+def decode_once(decode: Callable[..., Any], media: Sequence[bytes], *more: Sequence[Any]) -> list:
+    """``decode(data, *more_i)`` of each medium in order; a medium shown twice (the same
+    bytes) is decoded once and stands where each reference does, as a processor given it
+    twice lays it out."""
+    done: dict[bytes, Any] = {}
+    out = []
+    for data, *rest in zip(media, *more):
+        if data not in done:
+            done[data] = decode(data, *rest)
+        out.append(done[data])
+    return out
 
 
 def _why_absent(name: str, images: Mapping[str, bytes], *, kind: str = IMAGE) -> str:

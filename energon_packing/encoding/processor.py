@@ -50,6 +50,7 @@ from energon_packing.encoding.chat import (
     Skip,
     Turn,
     VideoCosting,
+    decode_once,
     fit_to_capacity,
     image_sizes,
     read_conversation,
@@ -465,7 +466,7 @@ class ProcessorChat:
         videos, decoded now; the ids must hold as many video tokens as the plans expand to."""
         key, videos = item["key"], item["videos"]
         plans = list(item.get("video_plans") or [self.videos.plan(data) for data in videos])
-        clips = [self.videos.media(data, plan) for data, plan in zip(videos, plans)]
+        clips = decode_once(self.videos.media, videos, plans)
         held = int(np.count_nonzero(np.asarray(item["input_ids"]) == self.video_token_id))
         need = sum(plan.tokens for plan in plans)
         if held != need:

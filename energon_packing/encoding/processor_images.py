@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from energon_packing.encoding import hf_compat
-from energon_packing.encoding.chat import Skip, brief
+from energon_packing.encoding.chat import Skip, brief, decode_once
 from energon_packing.encoding.families import Family
 from energon_packing.encoding.images import decode
 
@@ -171,7 +171,9 @@ class ImageSide:
     def _decode(self, images: Sequence[bytes], config: Any) -> list:
         budget = getattr(config, "max_image_pixels", None)
         high_bit_depth = getattr(config, "high_bit_depth", None) or "scale"
-        return [decode(d, max_pixels=budget, high_bit_depth=high_bit_depth) for d in images]
+        return decode_once(
+            lambda d: decode(d, max_pixels=budget, high_bit_depth=high_bit_depth), images
+        )
 
     def _checked(self, key: str, decoded: list, processed: Any, input_ids: Any) -> dict:
         """The model inputs the processor keeps of ``processed``, once they are checked."""
