@@ -154,8 +154,9 @@ def spawn_ranks(fn, world_size, tmp_path, *args, timeout=240):
 
 def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
     """Why the processor path with images cannot run for ``family`` on the installed
-    transformers (None: it can): its processor has no ``replace_image_token`` of its own or no
-    ``get_text_with_replacements`` (transformers 5.10; Gemma 3, SmolVLM, LLaVA-OneVision: 5.15)."""
+    transformers (None: it can), as the library refuses it
+    (:func:`energon_packing.encoding.hf_compat.processor_media_refusal`): its processor has no
+    public placeholder expansion and the family declares no rule of that release."""
     from energon_packing.encoding import hf_compat
     from energon_packing.encoding.families import FAMILIES
 
@@ -163,17 +164,8 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
         return None
     import transformers
 
-    (name,) = next(f.classes for f in FAMILIES if family in (f.name, *f.model_types))
-    if hf_compat.processor_media_api(getattr(transformers, name)):
-        return None
-    since = hf_compat.PROCESSOR_MEDIA_SINCE
-    if hf_compat.processor_media_api():
-        since = hf_compat.LATER_PROCESSOR_MEDIA_SINCE
-    return (
-        f"transformers {transformers.__version__}: {name} lacks its own replace_image_token / "
-        f"get_text_with_replacements (transformers {'.'.join(map(str, since))}): the "
-        f"processor path with images"
-    )
+    found = next(f for f in FAMILIES if family in (f.name, *f.model_types))
+    return hf_compat.processor_media_refusal(getattr(transformers, found.classes[0]), found)
 
 
 def require_processor_media(family: str = "qwen2_vl") -> None:

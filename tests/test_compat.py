@@ -52,7 +52,7 @@ def test_a_missing_internal_fails_in_one_line_naming_the_range():
         assert "\n" not in message
         assert f"transformers {transformers.__version__}:" in message
         assert f"supports transformers {hf_compat.SUPPORTED}" in message
-    with pytest.raises(hf_compat.TransformersCompatError, match=r"needs transformers >=5\.10\.0"):
+    with pytest.raises(hf_compat.TransformersCompatError, match=r"needs transformers >=5\.15\.0"):
         hf_compat.require_processor_media(object())
 
 

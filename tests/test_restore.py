@@ -118,6 +118,37 @@ def test_another_chat_layout_is_refused(saved_states, monkeypatch):
         restored.restore_state_rank(state)
 
 
+def test_a_restore_under_other_transformers_rules_is_refused(saved_states, monkeypatch):
+    """The transformers rules that change ids, pixels, positions or masks by release
+    (``hf_compat.PACK_RULES``) are part of what a checkpoint holds: restored under a release
+    where one of them differs, the loader refuses, naming the rule and both releases; under
+    another release with the same rules (a patch release), it restores."""
+    from energon_packing.encoding import hf_compat
+
+    knobs, state = saved_states[()]
+    saved = hf_compat.pack_rules()
+    installed = hf_compat.transformers_version()
+    other = (5, 5, 4) if installed is None or installed >= (5, 6, 0) else (5, 24, 0)
+    differing = next(
+        rule
+        for rule, since in hf_compat.PACK_RULES.items()
+        if (other >= since) != (installed is None or installed >= since)
+    )
+    monkeypatch.setattr(hf_compat, "transformers_version", lambda: other)
+    restored = _loader(PackingTaskEncoder(**knobs))
+    with pytest.raises(RestoreMismatchError) as info:
+        restored.restore_state_rank(state)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"rule {differing} (since " in message
+    assert f"release {saved['release']} " in message
+    assert f"release {'.'.join(map(str, other))} " in message
+    if installed is not None:  # the same rules under another patch release: restored
+        patch = (*installed[:2], installed[2] + 1)
+        monkeypatch.setattr(hf_compat, "transformers_version", lambda: patch)
+        _loader(PackingTaskEncoder(**knobs)).restore_state_rank(state)
+
+
 def _keys(batches) -> tuple[list, list]:
     packed, skipped = [], []
     for batch in batches:

@@ -74,6 +74,34 @@ def sample(name: str) -> ConversationSample:
 #: whether the installed transformers positions videos as the one the references were recorded
 #: with (5.24); before 5.18 / 5.6 the installed model's own rule differs (docs/compatibility.md)
 RECORDED_RULES = hf_compat.fractional_time_interval() and hf_compat.video_frames_apart()
+#: before 5.10 Qwen3-VL's ``__call__`` replaces the template's ``<|vision_start|><|video_pad|>
+#: <|vision_end|>`` whole by the per-frame expansion (since, the pair stays around the frames)
+KEEPS_MARKUP = hf_compat.pack_rules()[
+    f"qwen3_video_keeps_markup (since {'.'.join(map(str, hf_compat.PROCESSOR_MEDIA_SINCE))})"
+]
+
+
+def recorded(family: str, name: str) -> dict:
+    """The recorded (5.24) result, as the installed release's processor writes its ids: before
+    5.10 without Qwen3-VL's outer vision pair around each video (a start whose span holds
+    another start, and its end; ``test_qwen3_video_expansion_is_the_releases_own`` checks that
+    rule against the release's own ``__call__``)."""
+    expected = dict(PROCESSED["results"][family][name])
+    if KEEPS_MARKUP or family != "qwen3_vl":
+        return expected
+    starts, outer = [], set()  # (index, holds another start)
+    for i, token in enumerate(expected["input_ids"]):
+        if token == 3:  # <|vision_start|>
+            if starts:
+                starts[-1][1] = True
+            starts.append([i, False])
+        elif token == 4:  # <|vision_end|>
+            start, nested = starts.pop()
+            if nested:
+                outer |= {start, i}
+    for field in ("input_ids", "mm_token_type_ids"):
+        expected[field] = [v for i, v in enumerate(expected[field]) if i not in outer]
+    return expected
 
 
 def encoder(family: str, **knobs) -> PackingTaskEncoder:
@@ -107,13 +135,15 @@ def test_a_pack_of_video_conversations_is_each_real_processor_output(family):
     starts = pack.cu_seqlens.tolist()
     videos_seen = images_seen = 0
     for k, name in enumerate(names):
-        expected = PROCESSED["results"][family][name]
+        expected = recorded(family, name)
         span = slice(starts[k], starts[k + 1])
         assert pack.input_ids[span].tolist() == expected["input_ids"], name
         assert (
             pack.token_fields["mm_token_type_ids"][span].tolist() == (expected["mm_token_type_ids"])
         )
-        if RECORDED_RULES:  # the recording's transformers (5.24) positions videos so
+        if (
+            RECORDED_RULES and KEEPS_MARKUP
+        ):  # the recording's transformers (5.24) positions videos so
             np.testing.assert_array_equal(pack.position_ids[:, span], expected["position_ids"])
         # and the installed model's own get_rope_index, on every release
         setup = PROCESSED["families"][family]
@@ -153,7 +183,7 @@ def test_video_tokens_never_train(family):
     """Video pads, Qwen3's timestamps and every vision marker carry no loss; the reply does."""
     te = encoder(family, train_on="assistant_messages")
     encoded = te.encode_sample(sample("two_videos_mp4_mov"))
-    types = np.asarray(PROCESSED["results"][family]["two_videos_mp4_mov"]["mm_token_type_ids"])
+    types = np.asarray(recorded(family, "two_videos_mp4_mov")["mm_token_type_ids"])
     ids = encoded.input_ids
     vision = np.isin(ids, [3, 4]) | (types != 0)  # <|vision_start|>, <|vision_end|>, pads
     assert (encoded.token_mask[vision] == 0).all() and (encoded.token_mask > 0).any()
@@ -323,3 +353,45 @@ def test_video_placeholder_text_in_a_document_without_videos_is_text():
     plain = te.chat.tokenizer.encode(question)
     ids = encoded.input_ids.tolist()
     assert any(ids[i : i + len(plain)] == plain for i in range(len(ids)))  # one piece of text
+
+
+@pytest.mark.processor_media
+def test_qwen3_video_expansion_is_the_releases_own():
+    """On every release: a video conversation's ids are what the installed Qwen3-VL
+    processor's own ``__call__`` writes for that conversation's rendered text, given the
+    conversation's grid and sampled frames (a stand-in for the video processor, which needs
+    torchvision: the video side is checked against the recording above). Before 5.10 the
+    release replaces the template's vision pair with the video; since, it keeps it."""
+    from types import SimpleNamespace
+
+    te = encoder("qwen3_vl")
+    encoded = te.encode_sample(sample("video_then_text"))
+    (plan,) = encoded.video_plans
+    processor = te.chat.processor
+    merge = processor.image_processor.merge_size
+    t, h, w = plan.grid
+
+    class Frames:  # the video processor's outputs for this video, as planned
+        merge_size = merge
+        temporal_patch_size = 2
+
+        def __call__(self, videos=None, **kwargs):
+            return {
+                "pixel_values_videos": np.zeros((t * h * w, 8), dtype=np.float32),
+                "video_grid_thw": np.asarray([plan.grid]),
+                "video_metadata": [
+                    SimpleNamespace(fps=plan.header.fps, frames_indices=list(plan.indices))
+                ],
+            }
+
+    text = PROCESSED["results"]["qwen3_vl"]["video_then_text"]["rendered_text"]
+    processor.video_processor = Frames()
+    try:
+        ids = processor(
+            text=[text], videos=[np.zeros((len(plan.indices), 4, 4, 3), dtype=np.uint8)]
+        )["input_ids"][0]
+    finally:
+        del processor.video_processor
+    assert encoded.input_ids.tolist() == list(ids)
+    outer = encoded.input_ids.tolist().count(3) - t  # vision starts beyond one per frame
+    assert outer == (1 if KEEPS_MARKUP else 0)

@@ -64,6 +64,104 @@ def _qwen_rows(processed: Any) -> dict[str, list[int]]:
     return {"pixel_values": grids.prod(axis=1).tolist(), "image_grid_thw": [1] * len(grids)}
 
 
+def _qwen_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Qwen2/2.5/3-VL's image expansion as their processor's ``__call__`` writes it where the
+    processor has no ``replace_image_token`` (before transformers 5.10): the image token,
+    ``grid.prod() // merge_size**2`` times."""
+    grid = np.asarray(inputs["image_grid_thw"]).reshape(-1, 3)[index]
+    merge = processor.image_processor.merge_size
+    return processor.image_token * int(grid.prod() // (merge * merge))
+
+
+def _gemma3_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Gemma 3 before 5.15: its ``__call__`` replaces the begin-of-image token the template
+    writes (``boi_token``, not ``image_token``) by ``full_image_sequence``."""
+    crops = int(inputs["num_crops"][index])
+    if not crops:
+        return processor.full_image_sequence
+    return (
+        f"Here is the original image {processor.full_image_sequence} and here are some crops to "
+        f"help you see better " + " ".join([processor.full_image_sequence] * crops)
+    )
+
+
+def _idefics3_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Idefics3 before 5.10 (its module's ``get_image_prompt_string``, as its ``__call__``)."""
+    rows = [r for per_text in inputs["rows"] for r in per_text]
+    cols = [c for per_text in inputs["cols"] for c in per_text]
+    prompt = hf_compat.module_function(processor, "get_image_prompt_string")
+    return prompt(
+        rows[index],
+        cols[index],
+        processor.image_seq_len,
+        image_token=processor.image_token,
+        fake_token_around_image=processor.fake_image_token,
+        global_img_token=processor.global_image_tag,
+    )
+
+
+def _smolvlm_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """SmolVLM before 5.15: its own public ``expand_text_with_image_tokens`` on one
+    placeholder."""
+    rows = [r for per_text in inputs["rows"] for r in per_text]
+    cols = [c for per_text in inputs["cols"] for c in per_text]
+    (expanded,) = processor.expand_text_with_image_tokens(
+        [processor.image_token], image_rows=[[rows[index]]], image_cols=[[cols[index]]]
+    )
+    return expanded
+
+
+def _features(processor: Any, inputs: dict, index: int, tokens: int | None = None) -> str:
+    """LLaVA-NeXT's and LLaVA-OneVision's anyres count before 5.15 (their ``__call__``)."""
+    if tokens is None:
+        orig_height, orig_width = (int(v) for v in inputs["image_sizes"][index])
+        height, width = inputs["pixel_values"][0][0].shape[-2:]
+        tokens = hf_compat.number_of_features(processor, orig_height, orig_width, height, width)
+    if processor.vision_feature_select_strategy == "default":
+        tokens -= 1
+    return processor.image_token * tokens
+
+
+def _llava_next_expansion(processor: Any, inputs: dict, index: int) -> str:
+    return _features(processor, inputs, index)
+
+
+def _llava_onevision_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Several images in one text: each ``num_image_tokens + 1`` (its newline), else anyres."""
+    counts, first = list(inputs["batch_num_images"]), 0
+    for count in counts:
+        if index < first + count:
+            break
+        first += count
+    multi = count != 1
+    return _features(processor, inputs, index, processor.num_image_tokens + 1 if multi else None)
+
+
+def _llava_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """LLaVA before 5.10: every image's patches from the processed side."""
+    height, width = inputs["pixel_values"][index].shape[-2:]
+    tokens = (height // processor.patch_size) * (width // processor.patch_size)
+    tokens += processor.num_additional_image_tokens
+    if processor.vision_feature_select_strategy == "default":
+        tokens -= 1
+    return processor.image_token * tokens
+
+
+def _internvl_expansion(processor: Any, inputs: dict, index: int) -> str:
+    tokens = processor.image_token * processor.image_seq_length * inputs["num_patches"][index]
+    return f"{processor.start_image_token}{tokens}{processor.end_image_token}"
+
+
+def _aya_vision_expansion(processor: Any, inputs: dict, index: int) -> str:
+    patches = int(inputs["num_patches"][index])
+    tile = processor.img_patch_token * (processor.img_size // processor.patch_size) ** 2
+    tiles = "".join(f"{processor.tile_token}_{i}{tile}" for i in range(1, patches))
+    return (
+        f"{processor.start_of_img_token}{tiles}{processor.tile_global_token}{tile}"
+        f"{processor.end_of_img_token}"
+    )
+
+
 def _gemma3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     if getattr(processor.image_processor, "do_pan_and_scan", False):
         raise ValueError("Gemma 3 with do_pan_and_scan=True is not supported (crops need pixels)")
@@ -152,6 +250,15 @@ class Family:
             across positions: accepted only with ``allow_stateful_layers=True``.
         videos: Whether this package lays out the family's videos (its video processor's rules:
             :mod:`energon_packing.media.video`); else a video is skipped ``unsupported_video``.
+        expansion: Where the installed processor has no ``replace_image_token`` of its own
+            (older transformers: :data:`~.hf_compat.PROCESSOR_MEDIA_SINCE`), the expansion of
+            image ``index`` as that release's own ``__call__`` writes it, from the same
+            ``replacement_inputs`` (None: the processor path refuses such a release).
+        placeholder: The processor attribute naming the token such a release's ``__call__``
+            replaces (Gemma 3: ``boi_token``; since, ``image_token`` is that token).
+        video_takes_markup: On such a release, the processor's ``__call__`` replaces the
+            template's ``vision_start video_token vision_end`` whole by a video's expansion
+            (Qwen3-VL before 5.10; since, only the video token, keeping the pair around it).
         image_blocks: Whether an image's tokens attend to each other both ways (Gemma 3): a
             pack needs the model's mask mapping per conversation
             (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
@@ -166,6 +273,9 @@ class Family:
     model_types: tuple[str, ...] = ()
     stateful_model_types: tuple[str, ...] = ()
     videos: bool = False
+    expansion: Callable[[Any, dict, int], str] | None = None
+    video_takes_markup: bool = False
+    placeholder: str = "image_token"
     image_blocks: bool = False
 
     def __post_init__(self) -> None:
@@ -187,6 +297,8 @@ def _qwen(
         stateful_model_types=stateful_model_types,
         videos=True,
         replacement_inputs=_qwen_inputs,
+        expansion=_qwen_expansion,
+        video_takes_markup=name == "qwen3_vl",
         mrope=True,
         image_rows=_qwen_rows,
         token_types="mm_token_type_ids",
@@ -206,6 +318,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         name="gemma3",
+        expansion=_gemma3_expansion,
+        placeholder="boi_token",
         classes=("Gemma3Processor",),
         model_types=("gemma3",),
         replacement_inputs=_gemma3_inputs,
@@ -214,42 +328,49 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         name="idefics3",
+        expansion=_idefics3_expansion,
         classes=("Idefics3Processor",),
         model_types=("idefics3",),
         replacement_inputs=_idefics3_inputs,
     ),
     Family(
         name="smolvlm",
+        expansion=_smolvlm_expansion,
         classes=("SmolVLMProcessor",),
         model_types=("smolvlm",),
         replacement_inputs=_idefics3_inputs,
     ),
     Family(
         name="llava",
+        expansion=_llava_expansion,
         classes=("LlavaProcessor",),
         model_types=("llava",),
         replacement_inputs=_llava_inputs,
     ),
     Family(
         name="llava_next",
+        expansion=_llava_next_expansion,
         classes=("LlavaNextProcessor",),
         model_types=("llava_next",),
         replacement_inputs=_llava_next_inputs,
     ),
     Family(
         name="internvl",
+        expansion=_internvl_expansion,
         classes=("InternVLProcessor",),
         model_types=("internvl",),
         replacement_inputs=_tile_count_inputs,
     ),
     Family(
         name="aya_vision",
+        expansion=_aya_vision_expansion,
         classes=("AyaVisionProcessor",),
         model_types=("aya_vision",),
         replacement_inputs=_tile_count_inputs,
     ),
     Family(
         name="llava_onevision",
+        expansion=_llava_onevision_expansion,
         classes=("LlavaOnevisionProcessor",),
         model_types=("llava_onevision",),
         replacement_inputs=_llava_onevision_inputs,

@@ -24,7 +24,9 @@ __all__ = [
     "FRACTIONAL_TIME_INTERVAL_SINCE",
     "GEMMA3_WINDOW_CUTS_BLOCKS_SINCE",
     "LATER_PROCESSOR_MEDIA_SINCE",
+    "PACK_RULES",
     "PROCESSOR_MEDIA_SINCE",
+    "QWEN3_VIDEO_KEEPS_MARKUP_SINCE",
     "SUPPORTED",
     "VIDEO_FRAMES_APART_SINCE",
     "TransformersCompatError",
@@ -37,7 +39,11 @@ __all__ = [
     "gemma3_window_cuts_blocks",
     "merged_images_kwargs",
     "mixin_token_types",
+    "module_function",
+    "number_of_features",
+    "pack_rules",
     "processor_media_api",
+    "processor_media_refusal",
     "require_processor_media",
     "returns_mm_token_types",
     "smart_resize_of",
@@ -75,6 +81,20 @@ FRACTIONAL_TIME_INTERVAL_SINCE = (5, 18, 0)
 #: (``get_image_features(**kwargs)``) in 5.18.0: before, flash attention's ``cu_seq_lens_q``
 #: given for the text reaches the tower too and collides with the tower's own.
 VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
+#: Qwen3-VL's processor replaces the template's ``<|vision_start|><|video_pad|><|vision_end|>``
+#: whole by a video's per-frame expansion before 5.10.0; since (``get_text_with_replacements``),
+#: only the video token, keeping the pair around the frames.
+QWEN3_VIDEO_KEEPS_MARKUP_SINCE = PROCESSOR_MEDIA_SINCE
+#: The rules above that change what a pack holds (ids, pixels, positions, masks), by name: a
+#: checkpoint records which were in force (:func:`pack_rules`) and a restore under other rules
+#: is refused, naming the rule and both releases.
+PACK_RULES = {
+    "video_frames_apart": VIDEO_FRAMES_APART_SINCE,
+    "qwen3_video_keeps_markup": QWEN3_VIDEO_KEEPS_MARKUP_SINCE,
+    "fractional_time_interval": FRACTIONAL_TIME_INTERVAL_SINCE,
+    "gemma3_window_cuts_blocks": GEMMA3_WINDOW_CUTS_BLOCKS_SINCE,
+    "alpha_on_white": ALPHA_ON_WHITE_SINCE,
+}
 
 
 class TransformersCompatError(RuntimeError):
@@ -126,22 +146,33 @@ def processor_media_api(processor: Any = None) -> bool:
     )
 
 
-def require_processor_media(processor: Any) -> None:
-    """Raises :class:`TransformersCompatError` (one line, the fix) where ``processor`` cannot
-    expand image placeholders by the public methods the processor path calls."""
-    if not processor_media_api(processor):
-        import transformers
+def processor_media_refusal(processor: Any, family: Any = None) -> str | None:
+    """Why the processor path with images and videos cannot run for ``processor`` (instance or
+    class) of ``family`` (a :class:`~.families.Family`) on the installed release, in one line
+    naming the release and the fix; None where it can: the processor expands placeholders by
+    public methods, or the family declares the release's own expansion (``Family.expansion``)."""
+    if processor_media_api(processor) or getattr(family, "expansion", None) is not None:
+        return None
+    import transformers
 
-        raise TransformersCompatError(
-            f"transformers {transformers.__version__}: {type(processor).__name__} has no "
-            f"replace_image_token / get_text_with_replacements of its own (transformers "
-            f"{_dotted(PROCESSOR_MEDIA_SINCE)} for Qwen2/2.5/3-VL and Idefics3, "
-            f"{_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for Gemma 3, SmolVLM and LLaVA-OneVision): "
-            f"the processor path with images and videos needs transformers >="
-            f"{_dotted(PROCESSOR_MEDIA_SINCE)} (>={_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for "
-            f"those); on older releases use the built-in layout (tokenizer=...) or a text "
-            f"processor, or upgrade transformers"
-        )
+    name = processor.__name__ if isinstance(processor, type) else type(processor).__name__
+    return (
+        f"transformers {transformers.__version__}: {name} has no replace_image_token / "
+        f"get_text_with_replacements of its own (transformers {_dotted(PROCESSOR_MEDIA_SINCE)} "
+        f"for Qwen2/2.5/3-VL and Idefics3, {_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for Gemma 3, "
+        f"SmolVLM and LLaVA-OneVision) and energon_packing knows no expansion rule of this "
+        f"release for it: the processor path with images and videos needs transformers >="
+        f"{_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for it; on this release use the built-in "
+        f"layout (tokenizer=...) or a text processor, or upgrade transformers"
+    )
+
+
+def require_processor_media(processor: Any, *, family: Any = None) -> None:
+    """Raises :class:`TransformersCompatError` (:func:`processor_media_refusal`'s line) where
+    the processor path cannot expand ``processor``'s image placeholders exactly."""
+    refusal = processor_media_refusal(processor, family)
+    if refusal:
+        raise TransformersCompatError(refusal)
 
 
 # ---- processors --------------------------------------------------------------------------------
@@ -235,6 +266,25 @@ def smart_resize_of(image_processor: Any) -> Callable:
     return found
 
 
+def module_function(obj: Any, name: str) -> Callable:
+    """The module-level function ``name`` of the module that defines ``obj``'s class (an older
+    release's expansion helper: Idefics3's ``get_image_prompt_string``)."""
+    module = sys.modules.get(type(obj).__module__)
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise _fail(f"{type(obj).__module__}.{name}", "not found")
+    return found
+
+
+def number_of_features(processor: Any, height: int, width: int, *processed: int) -> int:
+    """LLaVA-NeXT's / LLaVA-OneVision's ``_get_number_of_features`` (an image's anyres token
+    count, before their ``replace_image_token``: 5.15)."""
+    count = getattr(processor, "_get_number_of_features", None)
+    if count is None:
+        raise _fail(f"{type(processor).__name__}._get_number_of_features", "no such method")
+    return int(count(height, width, *processed))
+
+
 def torchvision_available() -> bool:
     """Whether transformers can use torchvision (its video processors need it)."""
     from transformers.utils import is_torchvision_available
@@ -322,6 +372,17 @@ def video_frames_apart() -> bool:
     return found is None or found >= VIDEO_FRAMES_APART_SINCE
 
 
+def pack_rules() -> dict[str, Any]:
+    """The installed release (``"release"``: its version, None without transformers) and,
+    per rule of :data:`PACK_RULES`, ``"<name> (since X.Y.Z)"``: whether it is in force (without
+    transformers: the newest rules)."""
+    found = transformers_version()
+    rules: dict[str, Any] = {"release": _dotted(found) if found else None}
+    for name, since in PACK_RULES.items():
+        rules[f"{name} (since {_dotted(since)})"] = found is None or found >= since
+    return rules
+
+
 def check() -> list[str]:
     """Every internal above, on the installed release: the names checked. Raises
     :class:`TransformersCompatError` on the first that fails."""
@@ -352,6 +413,22 @@ def check() -> list[str]:
     checked.append("smart_resize_of")
     torchvision_available()
     checked.append("torchvision_available")
+    import transformers
+
+    # an older release's own expansion helpers, where its processor has no public expansion
+    for class_name, helper in (
+        ("Idefics3Processor", "get_image_prompt_string"),
+        ("SmolVLMProcessor", "expand_text_with_image_tokens"),
+        ("LlavaNextProcessor", "_get_number_of_features"),
+        ("LlavaOnevisionProcessor", "_get_number_of_features"),
+    ):
+        cls = getattr(transformers, class_name, None)
+        if cls is None or processor_media_api(cls):
+            continue
+        module = sys.modules.get(cls.__module__)
+        if not callable(getattr(cls, helper, None) or getattr(module, helper, None)):
+            raise _fail(f"{class_name}'s {helper}", "not found")
+    checked.append("expansion helpers")
     if "qwen2_vl" not in processor_model_types("Qwen2VLProcessor"):
         raise _fail("processing_auto.PROCESSOR_MAPPING_NAMES", "qwen2_vl is not mapped")
     checked.append("processor_model_types")

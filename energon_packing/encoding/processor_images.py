@@ -10,6 +10,7 @@ around a placeholder, so that a whole image is known and never trained. No torch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +38,11 @@ class ImageSide:
     """
 
     def __init__(self, processor: Any, family: Family, render: Callable[[list[dict]], str]):
-        hf_compat.require_processor_media(processor)
+        # transformers' public expansion where the processor has it, else the family's rule of
+        # the release's own __call__ (older releases; refused where the family has none)
+        self.public = hf_compat.processor_media_api(processor)
+        if not self.public:
+            hf_compat.require_processor_media(processor, family=family)
         self.processor = processor
         self.family = family
         # what the processor's own __call__ passes its image processor, and keeps of it
@@ -48,7 +53,9 @@ class ImageSide:
         returns_types = hf_compat.returns_mm_token_types(processor)
         self.token_types = family.token_types if returns_types else None
         self._per_token_types = _per_token_types(processor)
-        self.markup = _markup(render, processor.image_token)
+        # the token the text carries per image (an older Gemma 3's: its begin-of-image token)
+        self.placeholder = getattr(processor, "image_token" if self.public else family.placeholder)
+        self.markup = _markup(render, self.placeholder)
         video_token = getattr(processor, "video_token", None)
         self.video_markup = _markup(render, video_token, kind="video") if video_token else None
         # the tokens the model fills with vision features (Gemma 3: not its placeholder)
@@ -64,6 +71,8 @@ class ImageSide:
         ``inputs``."""
         if inputs is None:
             inputs = self.family.replacement_inputs(self.processor, [list(sizes)])
+        if not self.public:
+            return [self.family.expansion(self.processor, inputs, i) for i in range(len(sizes))]
         return [self.processor.replace_image_token(inputs, i) for i in range(len(sizes))]
 
     def expand(
@@ -73,11 +82,13 @@ class ImageSide:
         and each video placeholder by ``videos`` (its expansion, from its header);
         ``shifts``: ``(end of the placeholder in text, characters it gained)`` per medium;
         ``spans``: each one's characters in the expanded text, markup included."""
-        (expanded,), (offsets,) = self.processor.get_text_with_replacements(
-            [text],
-            images_replacements=self.replacements(sizes) if sizes else [],
-            videos_replacements=list(videos),
-        )
+        images = self.replacements(sizes) if sizes else []
+        if self.public:
+            (expanded,), (offsets,) = self.processor.get_text_with_replacements(
+                [text], images_replacements=images, videos_replacements=list(videos)
+            )
+        else:
+            expanded, offsets = self._replaced(text, images, list(videos))
         found = [sum(o.get("type", "image") == k for o in offsets) for k in ("image", "video")]
         if found != [len(sizes), len(videos)]:
             raise Skip(
@@ -95,6 +106,44 @@ class ImageSide:
             trail = len(after) if text[end : end + len(after)] == after else 0
             spans.append((new_start - lead, new_end + trail))
         return expanded, shifts, spans
+
+    def _replaced(self, text: str, images: list[str], videos: list[str]) -> tuple[str, list]:
+        """What ``get_text_with_replacements`` gives, where the processor has none (before
+        5.10): the i-th image (video) placeholder in ``text`` replaced by ``images[i]``
+        (``videos[i]``), in order, with the same offsets. The older ``__call__`` replaces each
+        kind in order of appearance too, so the text is the same (Qwen3-VL's video takes the
+        template's markup around it: ``Family.video_takes_markup``)."""
+        groups = []
+        if images:
+            groups.append(f"(?P<image>{re.escape(self.placeholder)})")
+        if videos:
+            token = re.escape(self.processor.video_token)
+            if self.family.video_takes_markup:
+                start = getattr(self.processor, "vision_start_token", "<|vision_start|>")
+                end = getattr(self.processor, "vision_end_token", "<|vision_end|>")
+                token = f"{re.escape(start)}{token}{re.escape(end)}|{token}"
+            groups.append(f"(?P<video>{token})")
+        if not groups:
+            return text, []
+        queues = {"image": iter(images), "video": iter(videos)}
+        pieces, offsets, last, gained = [], [], 0, 0
+        for found in re.finditer("|".join(groups), text):
+            start, end = found.span()
+            replacement = next(queues[found.lastgroup], None)
+            if replacement is None:  # more placeholders than media: found by the caller
+                replacement = found.group()
+            pieces += [text[last:start], replacement]
+            new_start = start + gained
+            offsets.append(
+                {
+                    "type": found.lastgroup,
+                    "span": (start, end),
+                    "new_span": (new_start, new_start + len(replacement)),
+                }
+            )
+            gained += len(replacement) - (end - start)
+            last = end
+        return "".join([*pieces, text[last:]]), offsets
 
     def media(self, *, key: str, images: Sequence[bytes], input_ids: Any, config: Any) -> dict:
         """The image processor's model inputs for one conversation's images (decoded here),

@@ -316,12 +316,17 @@ def compare_settings(
 ) -> None:
     """Raises :class:`RestoreMismatchError` naming the first setting whose change its rule
     (``rules[name]``, :data:`~energon_packing.config.MUST_EQUAL` when absent) forbids; a
-    setting the checkpoint does not hold (an older release saved it) is not compared."""
+    setting the checkpoint does not hold (an older release saved it) is not compared. A
+    setting that maps ``"release"`` and rules (``hf_compat.pack_rules``) compares the rules
+    alone: the first that differs is named, with both releases."""
     rules = rules or {}
     for name, value in current.items():
         if name not in saved:
             continue
         old, rule = saved[name], rules.get(name, MUST_EQUAL)
+        if isinstance(value, Mapping) and "release" in value and isinstance(old, Mapping):
+            _compare_release_rules(name, old, value)
+            continue
         if rule == MAY_CHANGE or old == value:
             continue
         # a limit of None (max_video_tokens) is no limit: the highest
@@ -333,6 +338,24 @@ def compare_settings(
             f"it decides the packs ({name} {rule} on restore), so the run would go on with other "
             f"packs than it started with, or a conversation waiting in the restored buffer "
             f"would now be refused. Restore with {fix}, or start without restoring"
+        )
+
+
+def _compare_release_rules(name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Raises :class:`RestoreMismatchError` naming the first rule (of a library's release,
+    e.g. transformers) in force on one side and not on the other; a rule one side does not
+    know is not compared."""
+    for rule, in_force in new.items():
+        if rule == "release" or rule not in old or old[rule] == in_force:
+            continue
+        was, now = old.get("release"), new.get("release")
+        raise RestoreMismatchError(
+            f"the checkpoint was saved under {name} release {was} (rule {rule}: "
+            f"{'in force' if old[rule] else 'not in force'}), this loader runs release {now} "
+            f"({'in force' if in_force else 'not in force'}): the rule changes the packs' ids, "
+            f"pixels, positions or masks, so the run would go on with other packs than it "
+            f"started with. Restore under release {was} (or one with the same rules), or start "
+            f"without restoring"
         )
 
 

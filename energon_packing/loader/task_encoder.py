@@ -29,7 +29,7 @@ from megatron.energon import Cooker, TaskEncoder, WorkerConfig, stateless
 from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the one Energon catches
 
 from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig, check_knobs_path
-from energon_packing.encoding import make_chat
+from energon_packing.encoding import hf_compat, make_chat
 from energon_packing.encoding.chat import OverlongError, Skip
 from energon_packing.encoding.costs import cost_model_for, grids_from_tokens
 from energon_packing.errors import describe, quote
@@ -371,6 +371,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             # the effective video rule (processor settings and video_config); not in the
             # fingerprint, which stays as older releases saved it
             "video_rule": repr(self.chat.videos.rule) if self.chat.videos is not None else None,
+            # the transformers rules that change ids, pixels, positions or masks by release
+            "transformers": hf_compat.pack_rules(),
             "packing_buffer_size": packing_buffer_size,
             "num_workers": worker_config.num_workers,
             "world_size": worker_config.world_size,
