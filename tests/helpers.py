@@ -159,9 +159,15 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
         return None
     import transformers
 
-    (name,) = next(f.classes for f in FAMILIES if family in (f.name, *f.model_types))
-    if hf_compat.processor_media_api(getattr(transformers, name)):
+    classes = next(f.classes for f in FAMILIES if family in (f.name, *f.model_types))
+    lacking = [
+        name
+        for name in classes
+        if not hf_compat.processor_media_api(getattr(transformers, name, None) or object)
+    ]
+    if not lacking:
         return None
+    name = lacking[0]
     since = hf_compat.PROCESSOR_MEDIA_SINCE
     if hf_compat.processor_media_api():
         since = hf_compat.LATER_PROCESSOR_MEDIA_SINCE

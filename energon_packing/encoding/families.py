@@ -32,13 +32,32 @@ class _Shape:
 
 
 def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Qwen's ``smart_resize`` of each image: ``image_grid_thw`` rows ``(1, h, w)``."""
+    return _grids(processor, sizes, lambda resize, h, w, **bounds: resize(h, w, **bounds))
+
+
+def _glm4v_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """GLM-4.1V's ``smart_resize``: Qwen's bounds, counted over the ``temporal_patch_size``
+    frames an image is repeated to."""
+    frames = processor.image_processor.temporal_patch_size
+    return _grids(
+        processor,
+        sizes,
+        lambda resize, h, w, **bounds: resize(
+            num_frames=frames, height=h, width=w, temporal_factor=frames, **bounds
+        ),
+    )
+
+
+def _grids(processor: Any, sizes: list[list[tuple[int, int]]], call: Callable) -> dict:
     image_processor = processor.image_processor
     smart_resize = hf_compat.smart_resize_of(image_processor)
     patch, merge = image_processor.patch_size, image_processor.merge_size
     grids = []
     for h, w in (s for per_text in sizes for s in per_text):
         try:
-            rh, rw = smart_resize(
+            rh, rw = call(
+                smart_resize,
                 h,
                 w,
                 factor=patch * merge,
@@ -155,6 +174,8 @@ class Family:
         image_blocks: Whether an image's tokens attend to each other both ways (Gemma 3): a
             pack needs the model's mask mapping per conversation
             (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
+        vision_start: The token that opens an image's block (mRoPE families: Qwen's
+            ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
     """
 
     name: str
@@ -167,6 +188,7 @@ class Family:
     stateful_model_types: tuple[str, ...] = ()
     videos: bool = False
     image_blocks: bool = False
+    vision_start: str = "<|vision_start|>"
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -253,6 +275,18 @@ FAMILIES: tuple[Family, ...] = (
         classes=("LlavaOnevisionProcessor",),
         model_types=("llava_onevision",),
         replacement_inputs=_llava_onevision_inputs,
+    ),
+    # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
+    # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
+    Family(
+        name="glm4v",
+        classes=("Glm4vProcessor", "Glm46VProcessor"),
+        model_types=("glm4v", "glm4v_moe", "glm46v"),
+        replacement_inputs=_glm4v_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        token_types="mm_token_type_ids",
+        vision_start="<|begin_of_image|>",
     ),
 )
 
