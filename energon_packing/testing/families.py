@@ -26,6 +26,7 @@ from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
     GEMMA3_TEMPLATE,
+    GEMMA4_TEMPLATE,
     GLM4V_TEMPLATE,
     IDEFICS3_TEMPLATE,
     LLAVA_ONEVISION_TEMPLATE,
@@ -48,6 +49,7 @@ FAMILIES = (
     "internvl",
     "aya_vision",
     "glm4v",
+    "gemma4",
 )
 
 QWEN_SPECIALS = [
@@ -581,6 +583,80 @@ def _glm4v(family: str, model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, model_cls, model, {"family": "glm4v"})
 
 
+def _gemma4(model: bool) -> tuple[Any, Any, dict]:
+    """Gemma 4 with ``use_bidirectional_attention="vision"`` (its larger models: an image's
+    soft tokens see each other on the sliding layers), no audio tower."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    named = {
+        "boi_token": "<|image>",
+        "eoi_token": "<image|>",
+        "image_token": "<|image|>",
+        "boa_token": "<|audio>",
+        "eoa_token": "<audio|>",
+        "audio_token": "<|audio|>",
+    }
+    tokenizer = make_tokenizer(
+        named=named,
+        extra=["<|turn>", "<turn|>", "<|video|>"],
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        add_bos=True,
+    )
+    patch, kernel = 4, 3  # at most 70 soft tokens (630 patches of 4 px) per image
+    processor = image_only(Gemma4Processor)(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessorPil(
+            patch_size=patch, max_soft_tokens=70, pooling_kernel_size=kernel
+        ),
+        tokenizer=tokenizer,
+        chat_template=GEMMA4_TEMPLATE,
+        image_seq_length=70,
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in named.values()}
+    text = _tiny_text(
+        tokenizer,
+        head_dim=16,
+        global_head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention="vision",
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = Gemma4Config(
+        text_config=text,
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            patch_size=patch,
+            pooling_kernel_size=kernel,
+            position_embedding_size=64,
+        ),
+        audio_config=None,
+        boi_token_id=ids["<|image>"],
+        eoi_token_id=ids["<image|>"],
+        image_token_id=ids["<|image|>"],
+        video_token_id=processor.video_token_id,
+        boa_token_id=ids["<|audio>"],
+        eoa_token_index=ids["<audio|>"],
+        audio_token_id=ids["<|audio|>"],
+    )
+    info = {"family": "gemma4", "sliding_window": 8}
+    return _built(processor, config, Gemma4ForConditionalGeneration, model, info)
+
+
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
 MODELS = ("qwen3_vl_moe", "glm4v_moe", "glm46v")
 #: Models built here that energon_packing refuses (their layers carry state along the row).
@@ -603,6 +679,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "llava_next": _llava_next,
         "internvl": _internvl,
         "aya_vision": _aya_vision,
+        "gemma4": _gemma4,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
