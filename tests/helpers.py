@@ -165,7 +165,15 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
     import transformers
 
     found = next(f for f in FAMILIES if family in (f.name, *f.model_types))
-    return hf_compat.processor_media_refusal(getattr(transformers, found.classes[0]), found)
+    # a family's later classes may not exist in an older release
+    present = [getattr(transformers, n) for n in found.classes if hasattr(transformers, n)]
+    if not present:
+        return f"transformers {transformers.__version__} has none of {', '.join(found.classes)}"
+    for cls in present:
+        refusal = hf_compat.processor_media_refusal(cls, found)
+        if refusal:
+            return refusal
+    return None
 
 
 def require_processor_media(family: str = "qwen2_vl") -> None:

@@ -461,6 +461,8 @@ MEDIA_TOKENS = {
     "llava_next": ["<image>"],
     "internvl": ["<img>", "<IMG_CONTEXT>", "</img>"],
     "aya_vision": ["<|START_OF_IMG|>", "<|IMG_PATCH|>", "<|END_OF_IMG|>"],
+    "glm4v": ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>"],
+    "gemma4": ["<|image>", "<|image|>", "<image|>"],
 }
 
 

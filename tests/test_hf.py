@@ -205,6 +205,85 @@ def test_gemma3_masks_are_transformers_own_per_conversation():
     assert differs[8:14, 8:14].any() == hf_compat.gemma3_window_cuts_blocks()
 
 
+def test_gemma4_masks_are_transformers_own_per_conversation():
+    """Gemma 4: per conversation, the installed ``create_masks_for_vision_model`` of Gemma 4
+    (full layers causal, sliding layers ``window AND (causal OR image block)``), nothing across
+    conversations; a model whose ``use_bidirectional_attention`` is not ``"vision"`` gets causal
+    masks, one whose is ``"all"`` is refused in one line."""
+    gemma4 = pytest.importorskip("transformers.models.gemma4.modeling_gemma4")
+    config = transformers.Gemma4TextConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        global_head_dim=8,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention="vision",
+        hidden_size_per_layer_input=0,
+    )
+    config._attn_implementation = "eager"
+    conversations_types = [[0, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0]]
+
+    def own(types: list[int]) -> dict:
+        types = torch.tensor([types])
+        return gemma4.create_masks_for_vision_model(
+            config=config,
+            inputs_embeds=torch.zeros(1, types.shape[1], config.hidden_size),
+            attention_mask=None,
+            cache=None,
+            position_ids=torch.arange(types.shape[1])[None],
+            block_sequence_ids=gemma4.get_block_sequence_ids_for_mask(types, device="cpu"),
+        )
+
+    cu_padded = torch.tensor([0, 8, 16])
+    token_types = torch.zeros(1, 16, dtype=torch.int64)
+    token_types[0, 0:7] = torch.tensor(conversations_types[0])
+    token_types[0, 8:14] = torch.tensor(conversations_types[1])
+    ours = gemma3_mask_mapping(
+        cu_seqlens_padded=cu_padded,
+        token_type_ids=token_types,
+        sliding_window=3,
+        dtype=torch.float32,
+        block_layers=("sliding_attention",),
+        window_cuts_blocks=True,
+    )
+    for name in ("full_attention", "sliding_attention"):
+        mask = ours[name][0, 0]
+        assert (mask[8:, :8] != 0).all() and (mask[:8, 8:] != 0).all()
+        for start, types in zip((0, 8), conversations_types):
+            n = len(types)
+            alone = own(types)[name]  # eager: additive float32
+            assert torch.equal(mask[start : start + n, start : start + n], alone[0, 0]), name
+    # the image block is bidirectional on the sliding layer only
+    assert ours["sliding_attention"][0, 0, 1, 2] == 0 and ours["full_attention"][0, 0, 1, 2] != 0
+
+    full = transformers.Gemma4Config(text_config=config.to_dict())
+    kw = to_hf(
+        {**_batch(), "mm_token_type_ids": torch.zeros((1, 36), dtype=torch.int64)}, config=full
+    )
+    causal = gemma3_mask_mapping(
+        cu_seqlens_padded=kw.cu_seqlens_padded,
+        token_type_ids=torch.zeros(36, dtype=torch.int64),
+        sliding_window=3,
+        dtype=torch.float32,
+        block_layers=(),
+        window_cuts_blocks=True,
+    )
+    assert all(torch.equal(kw["attention_mask"][k], causal[k]) for k in causal)
+    full.text_config.use_bidirectional_attention = "all"
+    with pytest.raises(
+        ValueError, match=r"^to_hf: 'gemma4' with use_bidirectional_attention='all'"
+    ):
+        to_hf(_batch(), config=full)
+    full.text_config.use_bidirectional_attention = "vision"
+    full._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="Gemma 4 does not run flash attention"):
+        to_hf(_batch(), config=full)
+
+
 # ---- loader packs through each family's own forward ---------------------------------------------
 
 
@@ -241,7 +320,7 @@ def _old_form(kw: HFInputs, family: str) -> dict:
     old = dict(kw)
     if kw["position_ids"].shape[0] == 4:
         old["position_ids"] = kw["position_ids"][1:]
-    elif family == "gemma3":
+    elif family in ("gemma3", "gemma4"):
         del old["attention_mask"]
     else:
         del old["use_cache"]
@@ -268,7 +347,7 @@ def test_loader_packs_through_the_models_own_forward(hf_dataset, family, impl):
     pack_count = alone_count = sources = images = 0
     for batch in batches:
         kw = to_hf(batch, model=model)
-        assert "attention_mask" not in kw or family == "gemma3"
+        assert "attention_mask" not in kw or family in ("gemma3", "gemma4")
         with torch.no_grad():
             out = model(**kw)
             old = model(**_old_form(kw, family)).logits[0]
@@ -362,7 +441,7 @@ def _reference_flash(calls: list):
         *(
             pytest.param(f, marks=pytest.mark.slow)
             for f in FAMILIES
-            if f not in ("qwen2_vl", "gemma3")
+            if f not in ("qwen2_vl", "gemma3", "gemma4")
         ),
     ],
 )

@@ -32,13 +32,32 @@ class _Shape:
 
 
 def _qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Qwen's ``smart_resize`` of each image: ``image_grid_thw`` rows ``(1, h, w)``."""
+    return _grids(processor, sizes, lambda resize, h, w, **bounds: resize(h, w, **bounds))
+
+
+def _glm4v_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """GLM-4.1V's ``smart_resize``: Qwen's bounds, counted over the ``temporal_patch_size``
+    frames an image is repeated to."""
+    frames = processor.image_processor.temporal_patch_size
+    return _grids(
+        processor,
+        sizes,
+        lambda resize, h, w, **bounds: resize(
+            num_frames=frames, height=h, width=w, temporal_factor=frames, **bounds
+        ),
+    )
+
+
+def _grids(processor: Any, sizes: list[list[tuple[int, int]]], call: Callable) -> dict:
     image_processor = processor.image_processor
     smart_resize = hf_compat.smart_resize_of(image_processor)
     patch, merge = image_processor.patch_size, image_processor.merge_size
     grids = []
     for h, w in (s for per_text in sizes for s in per_text):
         try:
-            rh, rw = smart_resize(
+            rh, rw = call(
+                smart_resize,
                 h,
                 w,
                 factor=patch * merge,
@@ -168,6 +187,25 @@ def _gemma3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {"num_crops": [0] * sum(len(s) for s in sizes)}
 
 
+def _gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Gemma 4's aspect-preserving resize to at most ``max_soft_tokens`` pooled patches: the
+    soft tokens of each image."""
+    image_processor = processor.image_processor
+    rule = hf_compat.smart_resize_of(image_processor, "get_aspect_ratio_preserving_size")
+    patch, kernel = image_processor.patch_size, image_processor.pooling_kernel_size
+    counts = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        rh, rw = rule(
+            height=h,
+            width=w,
+            patch_size=patch,
+            max_patches=image_processor.max_soft_tokens * kernel**2,
+            pooling_kernel_size=kernel,
+        )
+        counts.append((rh // patch) * (rw // patch) // kernel**2)
+    return {"num_soft_tokens_per_image": counts}
+
+
 def _idefics3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     image_processor = processor.image_processor
     rows, cols = [], []
@@ -262,6 +300,10 @@ class Family:
         image_blocks: Whether an image's tokens attend to each other both ways (Gemma 3): a
             pack needs the model's mask mapping per conversation
             (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
+        block_layers: The layer types that read the image blocks (Gemma 3: all; Gemma 4: its
+            sliding layers, its full layers stay causal).
+        vision_start: The token that opens an image's block (mRoPE families: Qwen's
+            ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
     """
 
     name: str
@@ -277,6 +319,8 @@ class Family:
     video_takes_markup: bool = False
     placeholder: str = "image_token"
     image_blocks: bool = False
+    block_layers: tuple[str, ...] = ("full_attention", "sliding_attention")
+    vision_start: str = "<|vision_start|>"
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -375,6 +419,29 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("llava_onevision",),
         replacement_inputs=_llava_onevision_inputs,
     ),
+    # Gemma 4: an image's soft tokens see each other on the sliding layers (the models whose
+    # use_bidirectional_attention is "vision"), causal on the full ones
+    Family(
+        name="gemma4",
+        classes=("Gemma4Processor",),
+        model_types=("gemma4",),
+        replacement_inputs=_gemma4_inputs,
+        image_blocks=True,
+        block_layers=("sliding_attention",),
+        token_types="mm_token_type_ids",
+    ),
+    # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
+    # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
+    Family(
+        name="glm4v",
+        classes=("Glm4vProcessor", "Glm46VProcessor"),
+        model_types=("glm4v", "glm4v_moe", "glm46v"),
+        replacement_inputs=_glm4v_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        token_types="mm_token_type_ids",
+        vision_start="<|begin_of_image|>",
+    ),
 )
 
 
@@ -420,6 +487,14 @@ def check_model(family: Family, processor_class: str, info: ModelInfo | None) ->
         )
 
 
+def _attention(family: Family) -> str:
+    if not family.image_blocks:
+        return "causal"
+    if set(family.block_layers) == {"full_attention", "sliding_attention"}:
+        return "causal, an image bidirectional"
+    return f"causal, an image bidirectional on {', '.join(family.block_layers)} layers"
+
+
 def family_table() -> str:
     """The family table of ``docs/models.md``, from :data:`FAMILIES` (a test keeps them equal)."""
 
@@ -436,6 +511,6 @@ def family_table() -> str:
             f"| {f.name} | {code(f.classes)} | {code(f.model_types)} | "
             f"{code(f.stateful_model_types)} | {'mRoPE (3 rows)' if f.mrope else '1-D'} | "
             f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
-            f"{'causal, an image bidirectional' if f.image_blocks else 'causal'} |"
+            f"{_attention(f)} |"
         )
     return "\n".join(rows)

@@ -254,15 +254,14 @@ def mixin_token_types() -> Callable | None:
     return getattr(ProcessorMixin, "create_mm_token_type_ids", None)
 
 
-def smart_resize_of(image_processor: Any) -> Callable:
-    """The module-level ``smart_resize`` of a Qwen image processor's module (the size rule its
-    ``preprocess`` calls; there is no public handle on it)."""
+def smart_resize_of(image_processor: Any, name: str = "smart_resize") -> Callable:
+    """The module-level size rule ``name`` of an image processor's module (the function its
+    ``preprocess`` calls and there is no public handle on: Qwen's and GLM's ``smart_resize``,
+    Gemma 4's ``get_aspect_ratio_preserving_size``)."""
     module = sys.modules.get(type(image_processor).__module__)
-    found = getattr(module, "smart_resize", None)
+    found = getattr(module, name, None)
     if not callable(found):
-        raise _fail(
-            f"{type(image_processor).__module__}.smart_resize (the Qwen size rule)", "not found"
-        )
+        raise _fail(f"{type(image_processor).__module__}.{name} (the size rule)", "not found")
     return found
 
 

@@ -167,7 +167,7 @@ class ProcessorChat:
         self.mrope = None
         if self.family is not None and self.family.mrope:
             self.mrope = MRope(
-                vision_start_id=self.tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+                vision_start_id=self.tokenizer.convert_tokens_to_ids(self.family.vision_start),
                 image_pad_id=self.image_token_id,
                 merge_size=processor.image_processor.merge_size,
                 video_pad_id=self.video_token_id,

@@ -16,8 +16,11 @@ Rules (nothing is downloaded; a failure is never turned into a text tokenizer):
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,9 @@ def image_only(cls: type) -> type:
 
         subclass = type(
             cls.__name__,
-            (cls,),
+            (cls, _no_video_kwarg()),
             {
+                **_video_processor_optional(cls),
                 "get_attributes": get_attributes,
                 "video_processor": None,
                 "__module__": __name__,
@@ -70,6 +74,49 @@ def image_only(cls: type) -> type:
 
 
 _PREFIX = "_image_only_"
+
+
+def _video_processor_optional(cls: type) -> dict:
+    """``{"__init__": ...}``: ``cls.__init__`` with ``video_processor`` defaulting to None,
+    where it is required (Gemma 4's: ``from_pretrained`` passes the image-only attributes and
+    nothing for it); ``{}`` elsewhere. The same code object (``from_pretrained`` reads its
+    argument names from ``__code__``), given one default more."""
+    init = cls.__init__
+    params = list(inspect.signature(init).parameters.values())
+    required = [
+        p.name
+        for p in params[1:]
+        if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    if not required or required[-1] != "video_processor" or init.__code__.co_kwonlyargcount:
+        return {}
+    patched = types.FunctionType(
+        init.__code__,
+        init.__globals__,
+        init.__name__,
+        (None, *(init.__defaults__ or ())),
+        init.__closure__,
+    )
+    patched.__kwdefaults__ = init.__kwdefaults__
+    patched.__qualname__ = init.__qualname__
+    return {"__init__": patched}
+
+
+@functools.cache
+def _no_video_kwarg() -> type:
+    from transformers.processing_utils import ProcessorMixin
+
+    class NoVideoKwarg(ProcessorMixin):
+        """Sits between a processor class and ``ProcessorMixin``: a processor whose own
+        ``__init__`` passes ``video_processor=`` on (Gemma 4's) hands it None, which the
+        image-only attribute list would reject as an unexpected argument."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            if kwargs.get("video_processor", 0) is None:
+                del kwargs["video_processor"]
+            super().__init__(*args, **kwargs)
+
+    return NoVideoKwarg
 
 
 def __getattr__(name: str) -> type:

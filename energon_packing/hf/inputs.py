@@ -12,8 +12,9 @@ each family that form::
 * Qwen2/2.5/3-VL (mRoPE, 3-row ``position_ids`` in the batch): ``position_ids [4, 1, C]``, the
   text row first, then the pack's mRoPE rows (a ``[3, 1, C]`` tensor is read as mRoPE alone and
   no packing is detected: the conversations see each other);
-* Gemma 3 (``token_type_ids``): ``position_ids [1, C]`` and the mask mapping its forward takes
-  (:mod:`.masks`), since ``transformers`` remaps its image-block overlay wrongly in a pack;
+* Gemma 3 (``token_type_ids``) and Gemma 4 (``mm_token_type_ids``; image blocks on its sliding
+  layers only): ``position_ids [1, C]`` and the mask mapping its forward takes (:mod:`.masks`),
+  since ``transformers`` remaps its image-block overlay wrongly in a pack;
 * every other family: ``position_ids [1, C]``.
 
 How the family is known: from ``model.config`` or ``config`` (mRoPE: the text config's rope
@@ -166,11 +167,13 @@ def to_hf(
         varlen = True  # the boundaries are what those layers' kernels read
     family = family_of_model(getattr(config, "model_type", None))
     gemma3 = family is not None and family.image_blocks
+    named = {"gemma3": "Gemma 3", "gemma4": "Gemma 4"}.get(getattr(family, "name", ""), "")
     if gemma3 and varlen:
         raise ValueError(
-            f"to_hf: Gemma 3 does not run flash attention (attn_implementation={attn!r}: its "
+            f"to_hf: {named} does not run flash attention (attn_implementation={attn!r}: its "
             f"image tokens attend bidirectionally); use sdpa or eager"
         )
+    block_layers = _block_layers(family, config) if gemma3 else ()
     cu_padded = torch.as_tensor(batch[CU_SEQLENS_PADDED][row])
     ids = batch[INPUT_IDS][row]
     token_mask = batch[TOKEN_MASK][row]
@@ -200,7 +203,7 @@ def to_hf(
     for key in tokens:
         inputs[key] = batch[key][row][None]
     if gemma3:  # its image overlay, remapped per conversation, would read the wrong tokens
-        token_types = inputs.get(_TOKEN_TYPE_IDS)
+        token_types = inputs.get(family.token_types or _TOKEN_TYPE_IDS)
         if token_types is None:
             token_types = (ids == config.image_token_id).long()
         inputs["attention_mask"] = gemma3_mask_mapping(
@@ -208,6 +211,8 @@ def to_hf(
             token_type_ids=token_types,
             sliding_window=int(_text_config(config).sliding_window),
             dtype=_dtype_of(model, config),
+            block_layers=block_layers,
+            window_cuts_blocks=True if family.name != "gemma3" else None,
         )
     if varlen:
         boundaries = cu_padded.to(torch.int32)
@@ -225,6 +230,22 @@ def to_hf(
     inputs.cu_seqlens = torch.as_tensor(batch[CU_SEQLENS][row])
     inputs.cu_seqlens_padded = cu_padded
     return inputs
+
+
+def _block_layers(family: Any, config: Any) -> tuple[str, ...]:
+    """The layer types whose image blocks are bidirectional: the family's; for Gemma 4 only
+    where its text config's ``use_bidirectional_attention`` is ``"vision"`` (else causal);
+    ``"all"`` (no layer causal) is refused."""
+    if family.name != "gemma4":
+        return family.block_layers
+    mode = getattr(_text_config(config), "use_bidirectional_attention", None)
+    if mode == "all":
+        raise ValueError(
+            f"to_hf: {config.model_type!r} with use_bidirectional_attention='all' attends both "
+            f"ways over the whole row: no pack of several conversations is causal per "
+            f"conversation; train it unpacked (unpacked=True)"
+        )
+    return family.block_layers if mode == "vision" else ()
 
 
 def _stateful(config: Any, model: Any, allow: bool) -> bool:

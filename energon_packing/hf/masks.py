@@ -38,9 +38,11 @@ def segment_ids(
 
 
 def image_blocks(token_type_ids: torch.Tensor) -> torch.Tensor:
-    """``[C]``: one id per run of image tokens (``token_type_ids == 1``), -1 elsewhere; as
-    ``transformers``' ``get_block_sequence_ids_for_mask`` numbers them, over the whole row."""
-    image = token_type_ids.reshape(-1) == 1
+    """``[C]``: one id per run of image (or video) tokens (``token_type_ids`` 1 or 2), -1
+    elsewhere; as ``transformers``' ``get_block_sequence_ids_for_mask`` numbers them, over the
+    whole row."""
+    types = token_type_ids.reshape(-1)
+    image = (types == 1) | (types == 2)
     starts = image & ~torch.nn.functional.pad(image[:-1], (1, 0))
     return torch.where(image, torch.cumsum(starts.long(), 0) - 1, -1)
 
@@ -77,17 +79,29 @@ def gemma3_mask_mapping(
     sliding_window: int,
     dtype: torch.dtype,
     device: torch.device | None = None,
+    block_layers: tuple[str, ...] = ("full_attention", "sliding_attention"),
+    window_cuts_blocks: bool | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The ``attention_mask`` mapping Gemma 3's forward reads, for one pack of ``C`` tokens."""
+    """The ``attention_mask`` mapping Gemma 3's (and Gemma 4's) forward reads, for one pack of
+    ``C`` tokens.
+
+    ``block_layers``: the layer types whose image blocks are bidirectional (Gemma 4: only
+    ``sliding_attention``; none where its ``use_bidirectional_attention`` is not
+    ``"vision"``). ``window_cuts_blocks``: None for the installed Gemma 3 rule
+    (:func:`~energon_packing.encoding.hf_compat.gemma3_window_cuts_blocks`)."""
     segments = segment_ids(cu_seqlens_padded, device=device)
     blocks = image_blocks(token_type_ids.to(device))
+    if window_cuts_blocks is None:
+        window_cuts_blocks = hf_compat.gemma3_window_cuts_blocks()
     return {
-        "full_attention": additive_mask(segments, blocks=blocks, dtype=dtype),
+        "full_attention": additive_mask(
+            segments, blocks=blocks if "full_attention" in block_layers else None, dtype=dtype
+        ),
         "sliding_attention": additive_mask(
             segments,
-            blocks=blocks,
+            blocks=blocks if "sliding_attention" in block_layers else None,
             window=sliding_window,
-            window_cuts_blocks=hf_compat.gemma3_window_cuts_blocks(),
+            window_cuts_blocks=window_cuts_blocks,
             dtype=dtype,
         ),
     }

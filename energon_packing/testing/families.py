@@ -26,6 +26,8 @@ from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
     GEMMA3_TEMPLATE,
+    GEMMA4_TEMPLATE,
+    GLM4V_TEMPLATE,
     IDEFICS3_TEMPLATE,
     LLAVA_ONEVISION_TEMPLATE,
     QWEN2_VL_TEMPLATE,
@@ -46,6 +48,8 @@ FAMILIES = (
     "llava_next",
     "internvl",
     "aya_vision",
+    "glm4v",
+    "gemma4",
 )
 
 QWEN_SPECIALS = [
@@ -56,6 +60,20 @@ QWEN_SPECIALS = [
     "<|vision_end|>",
     "<|image_pad|>",
     "<|video_pad|>",
+]
+GLM4V_SPECIALS = [
+    "<|endoftext|>",
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
 ]
 IDEFICS3_ROW_COL = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
 
@@ -496,8 +514,151 @@ def _aya_vision(model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, AyaVisionForConditionalGeneration, model, info)
 
 
+def _glm4v(family: str, model: bool) -> tuple[Any, Any, dict]:
+    """GLM-4.1V (``glm4v``), GLM-4.5V (``glm4v_moe``: a MoE text model) and GLM-4.6V
+    (``glm46v``: its own processor class, the same rules)."""
+    import transformers
+
+    tokenizer = make_tokenizer(extra=GLM4V_SPECIALS, eos="<|user|>", pad="<|endoftext|>")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_SPECIALS}
+    text = _tiny_text(
+        tokenizer,
+        eos_token_id=tokenizer.eos_token_id,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+        },
+    )
+    names = ("Glm4vConfig", "Glm4vForConditionalGeneration", "Glm4vProcessor")
+    if family == "glm4v_moe":
+        names = ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", "Glm4vProcessor")
+        text.update(
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            head_dim=16,
+        )
+    elif family == "glm46v":
+        names = ("Glm46VConfig", "Glm46VForConditionalGeneration", "Glm46VProcessor")
+    config_cls, model_cls, processor_cls = (getattr(transformers, n) for n in names)
+    patch = 14
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=patch,
+        image_size=56,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+    )
+    config = config_cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
+    )
+    module = "glm46v" if family == "glm46v" else "glm4v"
+    pil = getattr(
+        __import__(f"transformers.models.{module}.image_processing_pil_{module}", fromlist=["_"]),
+        "Glm46VImageProcessorPil" if family == "glm46v" else "Glm4vImageProcessorPil",
+    )
+    processor = image_only(processor_cls)(
+        image_processor=pil(
+            patch_size=patch,
+            merge_size=2,
+            size={"shortest_edge": 56 * 56, "longest_edge": 224 * 224},
+        ),
+        tokenizer=tokenizer,
+        chat_template=GLM4V_TEMPLATE,
+    )
+    return _built(processor, config, model_cls, model, {"family": "glm4v"})
+
+
+def _gemma4(model: bool) -> tuple[Any, Any, dict]:
+    """Gemma 4 with ``use_bidirectional_attention="vision"`` (its larger models: an image's
+    soft tokens see each other on the sliding layers), no audio tower."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    named = {
+        "boi_token": "<|image>",
+        "eoi_token": "<image|>",
+        "image_token": "<|image|>",
+        "boa_token": "<|audio>",
+        "eoa_token": "<audio|>",
+        "audio_token": "<|audio|>",
+    }
+    tokenizer = make_tokenizer(
+        named=named,
+        extra=["<|turn>", "<turn|>", "<|video|>"],
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        add_bos=True,
+    )
+    patch, kernel = 4, 3  # at most 70 soft tokens (630 patches of 4 px) per image
+    processor = image_only(Gemma4Processor)(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessorPil(
+            patch_size=patch, max_soft_tokens=70, pooling_kernel_size=kernel
+        ),
+        tokenizer=tokenizer,
+        chat_template=GEMMA4_TEMPLATE,
+        image_seq_length=70,
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in named.values()}
+    text = _tiny_text(
+        tokenizer,
+        head_dim=16,
+        global_head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention="vision",
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = Gemma4Config(
+        text_config=text,
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            patch_size=patch,
+            pooling_kernel_size=kernel,
+            position_embedding_size=64,
+        ),
+        audio_config=None,
+        boi_token_id=ids["<|image>"],
+        eoi_token_id=ids["<image|>"],
+        image_token_id=ids["<|image|>"],
+        video_token_id=processor.video_token_id,
+        boa_token_id=ids["<|audio>"],
+        eoa_token_index=ids["<audio|>"],
+        audio_token_id=ids["<|audio|>"],
+    )
+    info = {"family": "gemma4", "sliding_window": 8}
+    return _built(processor, config, Gemma4ForConditionalGeneration, model, info)
+
+
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
-MODELS = ("qwen3_vl_moe",)
+MODELS = ("qwen3_vl_moe", "glm4v_moe", "glm46v")
 #: Models built here that energon_packing refuses (their layers carry state along the row).
 STATEFUL = ("qwen3_5",)
 
@@ -508,6 +669,8 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
     None), much faster."""
     if family.startswith("qwen"):
         return _qwen(family, model)
+    if family.startswith("glm4"):
+        return _glm4v(family, model)
     builders = {
         "gemma3": _gemma3,
         "idefics3": _idefics3,
@@ -516,6 +679,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "llava_next": _llava_next,
         "internvl": _internvl,
         "aya_vision": _aya_vision,
+        "gemma4": _gemma4,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

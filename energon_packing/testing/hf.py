@@ -4,7 +4,8 @@ A prepacked microbatch (:func:`energon_packing.trainer.prepacked_microbatches`) 
 keyword arguments of a ``transformers`` model: the shim's ids, positions and the processor's
 fields, plus an additive 4D block-causal mask built from the pack boundaries (the stand-in for
 ``packed_seq_params`` that an eager/sdpa model reads). Gemma 3 takes a mask per layer type:
-causal except inside one image's tokens (bidirectional), with a sliding window on local layers;
+causal except inside one image's tokens (bidirectional), with a sliding window on local layers
+(Gemma 4: the image blocks on its sliding layers alone);
 a model with sliding layers (Aya Vision's Cohere 2) likewise, without the image blocks.
 Per-source logits of the pack must equal each conversation run alone through its processor.
 """
@@ -61,6 +62,13 @@ def packed_kwargs(model_inputs: dict, cu_seqlens_padded: torch.Tensor, info: dic
         blocks = _image_blocks(kwargs["token_type_ids"])
         kwargs["attention_mask"] = {
             "full_attention": _mask(segment, blocks=blocks),
+            "sliding_attention": _mask(segment, blocks=blocks, window=info["sliding_window"]),
+        }
+    elif info["family"] == "gemma4":  # image blocks on the sliding layers alone
+        types = kwargs["mm_token_type_ids"]
+        blocks = _image_blocks(((types == 1) | (types == 2)).long())
+        kwargs["attention_mask"] = {
+            "full_attention": _mask(segment),
             "sliding_attention": _mask(segment, blocks=blocks, window=info["sliding_window"]),
         }
     elif info.get("sliding_window"):  # local layers keep their window inside each source

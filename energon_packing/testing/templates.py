@@ -8,10 +8,18 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 - IDEFICS3_TEMPLATE: HuggingFaceM4/Idefics3-8B-Llama3.
 - LLAVA_ONEVISION_TEMPLATE: llava-hf/llava-onevision-qwen2-*-ov-hf (from transformers'
   convert_llava_onevision_weights_to_hf.py; the only one with {% generation %} markers).
+- GEMMA4_TEMPLATE: google/gemma-4-*-it, its turn and image markup (``<|turn>role`` ...
+  ``<turn|>``, ``model`` for the assistant, each image as ``<|image|>``, text trimmed), without
+  the tools and thinking-channel branches.
+- GLM4V_TEMPLATE: zai-org/GLM-4.1V-9B-Thinking (``[gMASK]<sop>``, role tags, each image as
+  ``<|begin_of_image|><|image|><|end_of_image|>``; an assistant's list content rendered in
+  place as GLM-4.5V's ``visible_text`` does).
 """
 
 __all__ = [
     "GEMMA3_TEMPLATE",
+    "GEMMA4_TEMPLATE",
+    "GLM4V_TEMPLATE",
     "IDEFICS3_TEMPLATE",
     "LLAVA_ONEVISION_TEMPLATE",
     "QWEN2_VL_TEMPLATE",
@@ -223,6 +231,31 @@ LLAVA_ONEVISION_TEMPLATE = (
     "{% generation %}{{ content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
     "{{'<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "<|turn>{{ role }}\n{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}<|image|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+    "{% endif %}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+_GLM4V_PARTS = (
+    "{% for item in content %}"
+    "{% if item.type == 'video' or 'video' in item %}<|begin_of_video|><|video|><|end_of_video|>"
+    "{% elif item.type == 'image' or 'image' in item %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif item.type == 'text' %}{{ item.text }}{% endif %}{% endfor %}"
+)
+GLM4V_TEMPLATE = (
+    "{% macro visible(content) %}{% if content is string %}{{ content }}{% else %}"
+    + _GLM4V_PARTS
+    + "{% endif %}{% endmacro %}[gMASK]<sop>{% for msg in messages %}"
+    "{% if msg.role == 'system' %}<|system|>\n{{ visible(msg.content) }}"
+    "{% elif msg.role == 'user' %}<|user|>\n{{ visible(msg.content) }}"
+    "{% elif msg.role == 'assistant' %}<|assistant|>\n{{ visible(msg.content) }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
 
