@@ -8,12 +8,15 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 - IDEFICS3_TEMPLATE: HuggingFaceM4/Idefics3-8B-Llama3.
 - LLAVA_ONEVISION_TEMPLATE: llava-hf/llava-onevision-qwen2-*-ov-hf (from transformers'
   convert_llava_onevision_weights_to_hf.py; the only one with {% generation %} markers).
+- QWEN2_5_OMNI_TEMPLATE: Qwen/Qwen2.5-Omni-* (Qwen2-VL's, with audio parts and
+  ``<|vision_bos|>`` / ``<|audio_bos|>`` markers).
 """
 
 __all__ = [
     "GEMMA3_TEMPLATE",
     "IDEFICS3_TEMPLATE",
     "LLAVA_ONEVISION_TEMPLATE",
+    "QWEN2_5_OMNI_TEMPLATE",
     "QWEN2_VL_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "chatml_interleaved",
@@ -34,6 +37,30 @@ QWEN2_VL_TEMPLATE = (
     "{% set video_count.value = video_count.value + 1 %}"
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
     "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+QWEN2_5_OMNI_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "{% if add_audio_id %}Audio {{ audio_count.value }}: {% endif %}"
+    "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_bos|><|VIDEO|><|vision_eos|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
