@@ -343,6 +343,15 @@ FAMILIES: tuple[Family, ...] = (
         audio=QWEN2_5_OMNI_AUDIO,
         vision_start="<|vision_bos|>",
     ),
+    Family(
+        name="qwen3_omni",
+        classes=("Qwen3OmniMoeProcessor",),
+        model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        audio=QWEN3_OMNI_AUDIO,
+    ),
 )
 
 

@@ -30,6 +30,7 @@ from energon_packing.testing.templates import (
     LLAVA_ONEVISION_TEMPLATE,
     QWEN2_5_OMNI_TEMPLATE,
     QWEN2_VL_TEMPLATE,
+    QWEN3_OMNI_TEMPLATE,
     QWEN3_VL_TEMPLATE,
     chatml_interleaved,
 )
@@ -57,7 +58,7 @@ FAMILIES = (
     "aya_vision",
 )
 #: Families whose processors take audio (and images): the Omni thinkers.
-AUDIO_FAMILIES = ("qwen2_5_omni",)
+AUDIO_FAMILIES = ("qwen2_5_omni", "qwen3_omni")
 
 QWEN_SPECIALS = [
     "<|endoftext|>",
@@ -603,6 +604,101 @@ def _qwen2_5_omni(model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, model_cls, model, {"family": "qwen2_5_omni"})
 
 
+#: Qwen3-Omni's special tokens, by the attribute names its processor reads off the tokenizer
+QWEN3_OMNI_NAMED = {
+    "image_token": "<|image_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+
+
+def _qwen3_omni(model: bool) -> tuple[Any, Any, dict]:
+    """Qwen3-Omni's thinker (MoE text model, Qwen3-VL-style vision tower, chunked audio
+    encoder) and processor, without its video processor."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    tokenizer = make_tokenizer(
+        named=QWEN3_OMNI_NAMED,
+        extra=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN3_OMNI_NAMED.values()}
+    processor = image_only(transformers.Qwen3OmniMoeProcessor)(  # arguments as _qwen2_5_omni
+        Qwen2VLImageProcessorPil(
+            patch_size=16,
+            merge_size=2,
+            min_pixels=64 * 64,
+            max_pixels=256 * 256,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        _whisper(),
+        tokenizer,
+        chat_template=QWEN3_OMNI_TEMPLATE,
+    )
+    text = _tiny_text(
+        tokenizer,
+        head_dim=16,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "mrope_section": [2, 3, 3],
+            "mrope_interleaved": True,
+        },
+    )
+    config = transformers.Qwen3OmniMoeThinkerConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+            in_channels=3,
+        ),
+        audio_config=dict(
+            num_mel_bins=128,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            d_model=32,
+            output_dim=64,
+            n_window=50,
+            n_window_infer=100,
+            conv_chunksize=500,
+            downsample_hidden_size=16,
+            max_source_positions=1500,
+        ),
+        audio_token_id=ids["<|audio_pad|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        audio_start_token_id=ids["<|audio_start|>"],
+        audio_end_token_id=ids["<|audio_end|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    model_cls = transformers.Qwen3OmniMoeThinkerForConditionalGeneration
+    return _built(processor, config, model_cls, model, {"family": "qwen3_omni"})
+
+
 def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
     """``(processor, tiny model, info)`` of a family in :data:`FAMILIES` (or another model of
     one, :data:`MODELS`, or a refused model of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
@@ -618,6 +714,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "internvl": _internvl,
         "aya_vision": _aya_vision,
         "qwen2_5_omni": _qwen2_5_omni,
+        "qwen3_omni": _qwen3_omni,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

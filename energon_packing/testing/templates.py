@@ -10,6 +10,8 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
   convert_llava_onevision_weights_to_hf.py; the only one with {% generation %} markers).
 - QWEN2_5_OMNI_TEMPLATE: Qwen/Qwen2.5-Omni-* (Qwen2-VL's, with audio parts and
   ``<|vision_bos|>`` / ``<|audio_bos|>`` markers).
+- QWEN3_OMNI_TEMPLATE: Qwen3-VL's, with Qwen3-Omni's audio part
+  (``<|audio_start|><|audio_pad|><|audio_end|>``); written here, not copied from a checkpoint.
 """
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "LLAVA_ONEVISION_TEMPLATE",
     "QWEN2_5_OMNI_TEMPLATE",
     "QWEN2_VL_TEMPLATE",
+    "QWEN3_OMNI_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "chatml_interleaved",
 ]
@@ -265,3 +268,20 @@ def chatml_interleaved(image: str) -> str:
         "{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
+
+
+#: Qwen3-VL's template with an audio part, as Qwen3-Omni renders one
+QWEN3_OMNI_TEMPLATE = QWEN3_VL_TEMPLATE.replace(
+    "{%- set image_count = namespace(value=0) %}",
+    "{%- set image_count = namespace(value=0) %}\n{%- set audio_count = namespace(value=0) %}",
+).replace(
+    """                {%- elif content.type == 'video' or 'video' in content %}""",
+    """                {%- elif content.type == 'audio' or 'audio' in content or 'audio_url' in content %}
+                    {%- set audio_count.value = audio_count.value + 1 %}
+                    {%- if add_audio_id %}Audio {{ audio_count.value }}: {% endif -%}
+                    <|audio_start|><|audio_pad|><|audio_end|>
+                {%- elif content.type == 'video' or 'video' in content %}""",
+)
+assert QWEN3_OMNI_TEMPLATE.count("<|audio_pad|>") == 2 and "audio_count = namespace" in (
+    QWEN3_OMNI_TEMPLATE
+)
