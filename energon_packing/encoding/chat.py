@@ -420,8 +420,9 @@ class VideoCosting(Protocol):
         """The video's plan from its header (``grid``, ``tokens``, ``expansion(...)``,
         ``rope_grids()``, ``time_intervals(...)``); :class:`Skip` if it cannot be used."""
 
-    def media(self, data: bytes) -> dict[str, np.ndarray]:
-        """The video's model inputs, decoded now and checked against its plan."""
+    def media(self, data: bytes, plan: Any = None) -> dict[str, np.ndarray]:
+        """The video's model inputs, decoded now and checked against its plan (the one made
+        at encode time; None: made again from the header)."""
 
 
 def video_plans(
