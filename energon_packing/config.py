@@ -78,6 +78,17 @@ VIDEO_CONFIG_KEYS = (
     "cap_pixels_per_frame",
     "max_video_tokens",
 )
+#: Seconds an audio clip may last (bounds the samples a worker decodes for one clip).
+DEFAULT_MAX_AUDIO_SECONDS = 600.0
+#: What ``audio_config`` may set: the feature extractor's own settings (Whisper's names).
+AUDIO_CONFIG_KEYS = (
+    "chunk_length",
+    "hop_length",
+    "n_fft",
+    "feature_size",
+    "do_normalize",
+    "dither",
+)
 #: Samples a loader worker may skip before its first pack, then it stops with the reasons.
 DEFAULT_MAX_SKIPS_WITHOUT_PACK = 1000
 
@@ -340,6 +351,15 @@ class SampleKnobs:
         "else it is skipped (`video_too_large`)",
         related="Qwen3-VL `max_video_tokens`",
     )
+    max_audio_seconds: float = _knob(
+        DEFAULT_MAX_AUDIO_SECONDS,
+        restore=MAY_RAISE,
+        effect="reject threshold: seconds an audio clip may last (from its header where exact, "
+        "else its decode, which stops there), else it is skipped (`audio_too_long`); bounds a "
+        "worker's decode memory. A family's own maximum (Qwen2.5-Omni: its feature extractor's "
+        "`chunk_length`, 300 s) also skips, never cuts",
+        related="Qwen2.5-Omni `chunk_length`",
+    )
     max_skips_without_pack: int | None = _knob(
         DEFAULT_MAX_SKIPS_WITHOUT_PACK,
         decides=False,
@@ -367,6 +387,9 @@ class SampleKnobs:
         _integer("max_image_pixels", self.max_image_pixels, minimum=1)
         _integer("max_video_frames", self.max_video_frames, minimum=1)
         _integer("max_video_tokens", self.max_video_tokens, minimum=1, optional=True)
+        seconds = self.max_audio_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not seconds > 0:
+            raise ValueError(f"max_audio_seconds must be a number > 0, got {seconds!r}")
 
 
 _BUILTIN_RESIZE = (
@@ -438,6 +461,16 @@ class LayoutKnobs:
         "(built-in layout)",
         related="`video_preprocessor_config.json`; qwen-vl-utils samples at fps 2",
     )
+    audio_config: dict | None = _knob(  # noqa: RUF009 (a field(), default None)
+        None,
+        effect="the audio feature extractor's own settings, as its `preprocessor_config.json` "
+        "holds them (`chunk_length`, `hop_length`, `n_fft`, `feature_size`, `do_normalize`, "
+        "`dither`), over the processor's; the clips' token counts follow them",
+        related="`preprocessor_config.json` (WhisperFeatureExtractor)",
+        paths=(PROCESSOR,),
+        instead="the built-in layout takes no audio; pass processor= of a family whose "
+        "processor takes audio (qwen2_5_omni, qwen3_omni)",
+    )
     tokens_per_second: float = _knob(
         DEFAULT_TOKENS_PER_SECOND,
         effect="Qwen2.5-VL's `vision_config.tokens_per_second`: the temporal position step of "
@@ -477,6 +510,7 @@ class LayoutKnobs:
         ):
             raise ValueError(f"chat_template_kwargs must be a dict of str keys, got {kwargs!r}")
         _check_video_config(self.video_config)
+        _check_audio_config(self.audio_config)
         tps = self.tokens_per_second
         if (
             isinstance(tps, bool)
@@ -541,6 +575,28 @@ def _check_video_config(config: Any) -> None:
     high = config.get("max_pixels") or (size or {}).get("longest_edge")
     if low and high and low > high:
         raise ValueError(f"video_config: min_pixels {low} exceeds max_pixels {high}")
+
+
+def _check_audio_config(config: Any) -> None:
+    """``audio_config``: a dict of the Whisper feature extractor's settings, each of its type."""
+    if config is None:
+        return
+    if not isinstance(config, Mapping) or set(config) - set(AUDIO_CONFIG_KEYS):
+        raise ValueError(
+            f"audio_config must be a dict with keys among {', '.join(AUDIO_CONFIG_KEYS)}; got "
+            f"{config!r}"
+        )
+    for name in ("chunk_length", "hop_length", "n_fft", "feature_size"):
+        if name in config:
+            _integer(f"audio_config[{name!r}]", config[name], minimum=1)
+    if "do_normalize" in config:
+        _flag("audio_config['do_normalize']", config["do_normalize"])
+    dither = config.get("dither", 0.0)
+    if isinstance(dither, bool) or not isinstance(dither, numbers.Real) or dither != 0:
+        # dithering adds random noise: features would differ from run to run
+        raise ValueError(f"audio_config['dither'] must be 0.0 (deterministic), got {dither!r}")
+    if config.get("n_fft", 400) < config.get("hop_length", 160):
+        raise ValueError(f"audio_config: n_fft must be >= hop_length, got {dict(config)!r}")
 
 
 #: section attribute of :class:`PackingConfig` -> its class

@@ -57,7 +57,7 @@ REASONS = {
     "too_many_turns": "more messages than max_turns (checked before tokenizing)",
     "text_too_long": "more characters than max_text_chars (checked before tokenizing)",
     "too_many_images": "more images than max_images",
-    "unsupported_media": "audio ('audios', audio parts): not packed yet, and the text without it would train on sound never heard",
+    "unsupported_media": "inline or remote audio parts ('input_audio', 'audio_url'): name the clip's shard part instead",
     "unsupported_field": "ms-swift grounding 'objects' (the <ref-object> / <bbox> tags they fill would train as text)",
     "template_error": "the processor's chat template refused the conversation (its message), or is not prefix-stable",
     # images
@@ -79,9 +79,17 @@ REASONS = {
     "video_aspect_ratio": "frames with an aspect ratio above 200",
     "video_too_large": "a video whose sampling takes more than max_video_frames frames, expands past max_video_tokens, or has frames over max_image_pixels (from its header before any decode; a frame that outgrows its header, before it is converted)",
     "video_corrupt": "a video whose sampled frames do not decode, or decode otherwise than its header says",
+    # audio
+    "missing_audio": "an audio clip referenced or listed that the sample does not hold",
+    "duplicate_audio": "an audio clip listed or referenced twice",
+    "too_many_audios": "more audio clips than max_images (the limit on each kind of media)",
+    "unsupported_audio": "an audio clip for a layout whose processor takes none (the detail names the families that do)",
+    "audio_unreadable": "an audio part that is no container PyAV opens, or whose stream does not decode",
+    "audio_no_stream": "a container without an audio stream, or a stream without a sample",
+    "audio_too_long": "a clip longer than max_audio_seconds, or than the family's own maximum (Qwen2.5-Omni: 300 s; its processor would cut it silently)",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",
-    "overlong_media": "overlong='truncate', but its images or videos end past the pack width",
+    "overlong_media": "overlong='truncate', but its images, videos or audio clips end past the pack width",
     "overlong_no_trained_token": "overlong='truncate', but nothing trained survives the cut",
     # the unforeseen (bugs): counted toward the 100-in-a-row stop
     "encode_error": "encoding raised an unexpected error",

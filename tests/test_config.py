@@ -321,6 +321,35 @@ def observe_video(**knobs):
     return pack.input_ids.tolist(), pack.position_ids.tolist()
 
 
+def observe_audio(**knobs):
+    """A Qwen2.5-Omni encoding of a 1.5 s clip: its ids, or the skips."""
+    from energon_packing.loader.samples import ConversationSample
+    from energon_packing.testing.audio import clip
+    from energon_packing.testing.families import build
+
+    te = PackingTaskEncoder(
+        max_input_seq_length=8192, processor=build("qwen2_5_omni", model=False)[0], **knobs
+    )
+    sample = ConversationSample(
+        __key__="a",
+        __restore_key__=(),
+        __subflavors__={},
+        __sources__=(),
+        messages=[
+            {"role": "user", "content": "<audio>What is it?"},
+            {"role": "assistant", "content": "A tone."},
+        ],
+        image_names=[],
+        images={},
+        audio_names=["a.wav"],
+        audios={"a.wav": clip("wav", seconds=1.5)},
+    )
+    try:
+        return te.encode_sample(sample).input_ids.tolist()
+    except SkipSample:
+        return dict(te.stats.skipped)
+
+
 CARRY = {"carry": True, "carry_min_fill": 0.999, "carry_budget": 0.9}
 # knob -> (baseline knobs, changed knobs[, observer])
 #: knobs whose cases encode images or videos on the processor path
@@ -330,6 +359,8 @@ PROCESSOR_MEDIA_CASES = (
     "max_video_tokens",
     "tokens_per_second",
     "video_config",
+    "max_audio_seconds",
+    "audio_config",
 )
 KNOB_CASES = {
     "max_input_seq_length": ({}, {"max_input_seq_length": 4096}),
@@ -368,6 +399,9 @@ KNOB_CASES = {
     "max_video_frames": ({}, {"max_video_frames": 4}, observe_video),
     "max_video_tokens": ({}, {"max_video_tokens": 64}, observe_video),
     "video_config": ({}, {"video_config": {"do_sample_frames": True, "fps": 1.0}}, observe_video),
+    "max_audio_seconds": ({}, {"max_audio_seconds": 1.0}, observe_audio),
+    # a coarser hop: fewer mel frames, fewer audio tokens
+    "audio_config": ({}, {"audio_config": {"hop_length": 320}}, observe_audio),
     "tokens_per_second": ({}, {"tokens_per_second": 4}, observe_video),
     "model_type": ({}, {"model_type": "qwen3_5"}, observe_model),
     "allow_stateful_layers": (

@@ -134,7 +134,8 @@ def test_train_on_last_assistant_and_loss_weight(tokenizer):
         ),
         ([{"role": "user"}], [], {}, "malformed_message"),
         ([{"role": "user", "content": 3}], [], {}, "malformed_message"),
-        ([{"role": "user", "content": [{"type": "audio"}]}], [], {}, "unsupported_media"),
+        ([{"role": "user", "content": [{"type": "input_audio"}]}], [], {}, "unsupported_media"),
+        ([{"role": "user", "content": [{"type": "audio"}]}], [], {}, "placeholder_mismatch"),
         ([{"role": "user", "content": [{"type": "table"}]}], [], {}, "malformed_message"),
         (
             [{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "a"}],

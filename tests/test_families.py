@@ -391,7 +391,7 @@ def test_the_overlong_policy_on_a_processor_path(caplog):
     with pytest.raises(SkipSample):
         te.encode_sample(sample("last", long_text + "<image>"))
     assert te.stats.skipped["overlong_media"] == 1
-    assert f"its images / videos end at token {last_end} and are never cut" in caplog.text
+    assert f"videos / audio clips end at token {last_end} and are never cut" in caplog.text
 
     dropping = PackingTaskEncoder(max_input_seq_length=capacity, processor=qwen, overlong="drop")
     with pytest.raises(SkipSample):

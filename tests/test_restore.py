@@ -90,10 +90,10 @@ def test_a_changed_pack_deciding_knob_refuses_the_restore(knob, saved_states):
 
 
 def test_the_cases_cover_every_declared_pack_deciding_knob():
-    """Only chat_template_kwargs and tokens_per_second (processor path) are left to the
-    processor test."""
+    """Only chat_template_kwargs, tokens_per_second and audio_config (processor path) are
+    left to the processor tests."""
     left = {k.name for k in KNOBS if k.decides} - {k.name for k in DECIDING}
-    assert left == {"chat_template_kwargs", "tokens_per_second"}
+    assert left == {"chat_template_kwargs", "tokens_per_second", "audio_config"}
     assert len(DECIDING) >= 20
 
 
@@ -198,6 +198,21 @@ def test_chat_template_kwargs_refuses_the_restore_on_the_processor_path():
     state = loader.save_state_rank()
     changed = PackingTaskEncoder(**knobs, chat_template_kwargs={"add_vision_id": True})
     with pytest.raises(RestoreMismatchError, match="chat_template_kwargs=None,"):
+        _loader(changed).restore_state_rank(state)
+
+
+def test_audio_config_refuses_the_restore_on_an_audio_family():
+    """The feature extractor's settings decide an audio clip's tokens: another
+    ``audio_config`` (and the audio rule, in the processor's fingerprint) refuses the restore."""
+    from energon_packing.testing.families import build
+
+    processor = build("qwen2_5_omni", model=False)[0]
+    knobs = dict(processor=processor, max_input_seq_length=8192)
+    loader = _loader(PackingTaskEncoder(**knobs))
+    next(iter(loader))
+    state = loader.save_state_rank()
+    changed = PackingTaskEncoder(**knobs, audio_config={"hop_length": 320})
+    with pytest.raises(RestoreMismatchError, match="audio_config=None,"):
         _loader(changed).restore_state_rank(state)
 
 

@@ -479,9 +479,9 @@ def test_columns_map_a_records_keys(tmp_path):
     [
         ({"messages": [{"role": "user", "content": "<audio>Said?"},
                        {"role": "assistant", "content": "Hi."}], "audios": ["a.wav"]},
-         "unsupported_media"),
+         "missing_audio"),
         ({"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]},
-                       {"role": "assistant", "content": "Hi."}]}, "unsupported_media"),
+                       {"role": "assistant", "content": "Hi."}]}, "missing_audio"),
         ({"messages": [{"role": "user", "content": "Find <ref-object>"},
                        {"role": "assistant", "content": "<bbox>"}],
           "objects": {"ref": ["cat"], "bbox": [[1, 2, 3, 4]]}}, "unsupported_field"),
@@ -491,7 +491,9 @@ def test_columns_map_a_records_keys(tmp_path):
 )  # fmt: skip
 def test_the_loader_skips_a_document_with_audio_or_grounding_never_packs_its_text(document, reason):
     """A document written into shards by hand (not by convert) with what we do not pack is
-    skipped under its reason; ``<audio>`` in a document that lists no audio is text."""
+    skipped under its reason (audio without its part: ``missing_audio``; with it, on a layout
+    that takes no audio: ``unsupported_audio``, tests/test_audio.py); ``<audio>`` in a
+    document that lists no audio is text."""
     from helpers import conversation_sample
     from megatron.energon import SkipSample
 

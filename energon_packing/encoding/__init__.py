@@ -101,6 +101,16 @@ def make_chat(
             f"vision_config.tokens_per_second={model}: video positions would differ from the "
             f"model's; set tokens_per_second={model}"
         )
+    audio_config = getattr(config, "audio_config", None)
+    if audio_config:
+        if chat.audio is None:
+            from energon_packing.encoding.families import audio_families
+
+            raise ValueError(
+                f"audio_config applies to families whose processors take audio "
+                f"({', '.join(audio_families())}), not to {chat.family_name} ({chat.name})"
+            )
+        chat.audio.configure(audio_config)
     if videos is not None and chat.video_family is not None:
         overrides = getattr(config, "video_config", None)
         chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)

@@ -26,12 +26,14 @@ from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
     Skip,
     VideoCosting,
+    audio_lengths,
     decode_once,
     fit_to_capacity,
     image_sizes,
     read_conversation,
     video_plans,
 )
+from energon_packing.encoding.families import audio_families
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
 from energon_packing.encoding.vision import VisionConfig, grid_for, patchify, tokens_for
@@ -73,6 +75,8 @@ def encode(
     images: Mapping[str, bytes],
     video_names: Sequence[str] = (),
     videos: Mapping[str, bytes] | None = None,
+    audio_names: Sequence[str] = (),
+    audios: Mapping[str, bytes] | None = None,
     loss_weight: float,
     tokenizer: ChatTokenizer,
     config: PackingConfig,
@@ -87,9 +91,20 @@ def encode(
         messages=messages,
         image_names=image_names,
         video_names=video_names,
+        audio_names=audio_names,
         loss_weight=loss_weight,
         config=config,
         find_special=tokenizer.find_special,
+    )
+    audio_lengths(  # missing_audio first, then unsupported_audio: nothing is decoded
+        c.audios,
+        audio_names=audio_names,
+        audios=audios or {},
+        takes_audio=(
+            "the built-in layout takes no audio; pass processor= of a family whose processor "
+            f"takes audio ({', '.join(audio_families())})"
+        ),
+        max_seconds=None,
     )
     special = tokenizer.special
     if c.videos.order and special.video_pad is None:

@@ -1,9 +1,11 @@
 """A conversation document -> turns of text and media references (format-agnostic).
 
-Both content styles are read: a string with ``<image>`` / ``<video>`` placeholders (LLaVA
-style) or a list of ``{"type": "text", "text": ...}``, ``{"type": "image", "image": name}`` and
-``{"type": "video", "video": name}`` parts (Hugging Face style). Images are resolved against the
-document's ``images`` list, videos against its ``videos`` list. Every problem is a :class:`Skip`
+Both content styles are read: a string with ``<image>`` / ``<video>`` / ``<audio>``
+placeholders (LLaVA and ms-swift style) or a list of ``{"type": "text", "text": ...}``,
+``{"type": "image", "image": name}``, ``{"type": "video", "video": name}`` and
+``{"type": "audio", "audio": name}`` parts (Hugging Face style). Images are resolved against the
+document's ``images`` list, videos against its ``videos`` list, audio clips against ``audios``
+(``<video>`` and ``<audio>`` are text in a document that lists none of that kind). Every problem is a :class:`Skip`
 with a skip-report reason. Also :class:`ChatLayout`, what both layouts (built-in and processor)
 offer the task encoder. Pure: no Energon, no torch.
 """
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from energon_packing.config import Limits
+from energon_packing.encoding.audio import AUDIO_SUFFIXES, AudioLength, may_be_audio
+from energon_packing.encoding.audio import length as audio_length
 from energon_packing.encoding.images import VIDEO_SUFFIXES, may_be_image, may_be_video, probe
 from energon_packing.errors import Skip, quote
 from energon_packing.packing.algorithms import round_up
@@ -26,6 +30,8 @@ if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
 
 __all__ = [
+    "AUDIO",
+    "AUDIO_PLACEHOLDER",
     "IMAGE",
     "IMAGE_PLACEHOLDER",
     "MAX_LOSS_WEIGHT",
@@ -45,6 +51,7 @@ __all__ = [
     "Skip",
     "Turn",
     "VideoCosting",
+    "audio_lengths",
     "brief",
     "check_loss_weight",
     "decode_once",
@@ -66,11 +73,11 @@ SPEAKER_ROLES = {
     "assistant": "assistant",
     "system": "system",
 }
-IMAGE, VIDEO = "image", "video"
+IMAGE, VIDEO, AUDIO = "image", "video", "audio"
 IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
-_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
-_IMAGE_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
+AUDIO_PLACEHOLDER = "<audio>"
+PLACEHOLDERS = {IMAGE: IMAGE_PLACEHOLDER, VIDEO: VIDEO_PLACEHOLDER, AUDIO: AUDIO_PLACEHOLDER}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -166,7 +173,7 @@ class MediaRefs:
     def check_all_used(self) -> None:
         unused = [n for n, u in zip(self.names, self.used) if not u]
         if unused:
-            placeholder = IMAGE_PLACEHOLDER if self.kind == IMAGE else VIDEO_PLACEHOLDER
+            placeholder = PLACEHOLDERS[self.kind]
             raise Skip(
                 "placeholder_mismatch",
                 f"{len(self.names)} {self.kind}(s) listed but {len(unused)} never referenced "
@@ -187,6 +194,7 @@ def parse_turns(
     images: MediaRefs,
     *,
     videos: MediaRefs | None = None,
+    audios: MediaRefs | None = None,
     limits: Limits | None = None,
 ) -> list[Turn]:
     """Messages -> ``[(role, pieces)]`` where a piece is text or a :class:`Media` reference.
@@ -202,12 +210,13 @@ def parse_turns(
         )
     budget = limits.max_text_chars if limits is not None else None
     videos = videos if videos is not None else MediaRefs([], kind=VIDEO)
-    refs = {IMAGE: images, VIDEO: videos}
-    placeholders = {IMAGE_PLACEHOLDER: images}
-    split = _IMAGE_PLACEHOLDER.split
-    if videos.names:  # "<video>" in a document without videos is text (an HTML question)
-        placeholders[VIDEO_PLACEHOLDER] = videos
-        split = _PLACEHOLDERS.split
+    audios = audios if audios is not None else MediaRefs([], kind=AUDIO)
+    refs = {IMAGE: images, VIDEO: videos, AUDIO: audios}
+    # "<video>" / "<audio>" in a document without that kind is text (an HTML question)
+    placeholders = {
+        PLACEHOLDERS[kind]: found for kind, found in refs.items() if kind == IMAGE or found.names
+    }
+    split = re.compile("(" + "|".join(map(re.escape, placeholders)) + ")").split
     chars = 0
     turns = []
     for m, message in enumerate(messages):
@@ -234,24 +243,26 @@ def parse_turns(
                     pieces.append(_text(part["text"], m))
                 elif kind in refs and isinstance(part.get(kind, ""), str):
                     pieces.append(refs[kind].take(part.get(kind)))
-                elif kind in ("audio", "input_audio", "audio_url"):
+                elif kind in ("input_audio", "audio_url"):
                     raise Skip(
                         "unsupported_media",
-                        f"messages[{m}].content[{p}] is an audio part: audio is not packed "
-                        "yet, and without it the answer would train on sound never heard",
+                        f"messages[{m}].content[{p}] is an {kind} part (inline or remote audio):"
+                        f" name the clip's shard part instead, {{'type': 'audio', 'audio': "
+                        f"name}}, listed in 'audios'",
                     )
                 else:
                     raise Skip(
                         "malformed_message",
                         f"messages[{m}].content[{p}] must be {{'type': 'text', 'text': str}}, "
-                        f"{{'type': 'image', 'image': name}} or {{'type': 'video', 'video': "
-                        f"name}}",
+                        f"{{'type': 'image', 'image': name}}, {{'type': 'video', 'video': "
+                        f"name}} or {{'type': 'audio', 'audio': name}}",
                     )
         else:
             raise Skip("malformed_message", f"messages[{m}].content is {type(content).__name__}")
         turns.append((role, pieces))
     images.check_all_used()
     videos.check_all_used()
+    audios.check_all_used()
     return turns
 
 
@@ -313,6 +324,7 @@ class Conversation:
     refs: MediaRefs
     videos: MediaRefs
     turns: list[Turn]
+    audios: MediaRefs
     #: indices into ``turns`` whose tokens train (``train_on``)
     trained: set[int]
 
@@ -322,6 +334,7 @@ def read_conversation(
     messages: Sequence[Any],
     image_names: Sequence[str],
     video_names: Sequence[str] = (),
+    audio_names: Sequence[str] = (),
     loss_weight: Any,
     config: PackingConfig,
     find_special: Callable[[str], str | None],
@@ -333,7 +346,8 @@ def read_conversation(
     limits = config.limits  # built on each access
     refs = ImageRefs(image_names, max_images=limits.max_images)
     videos = MediaRefs(video_names, kind=VIDEO, max_count=limits.max_images)
-    turns = parse_turns(messages, refs, videos=videos, limits=limits)
+    audios = MediaRefs(audio_names, kind=AUDIO, max_count=limits.max_images)
+    turns = parse_turns(messages, refs, videos=videos, audios=audios, limits=limits)
     trained = trained_turns([role for role, _ in turns], config.train_on)
     if not any(isinstance(p, str) and p.strip() for t in trained for p in turns[t][1]):
         raise Skip("empty_assistant", "the trained assistant turn(s) hold no text")
@@ -346,7 +360,9 @@ def read_conversation(
                         f"messages[{m}] spells the special token {found!r} "
                         f"(special_token_text='skip'; 'text' tokenizes it as plain text)",
                     )
-    return Conversation(weight=weight, refs=refs, videos=videos, turns=turns, trained=trained)
+    return Conversation(
+        weight=weight, refs=refs, videos=videos, audios=audios, turns=turns, trained=trained
+    )
 
 
 def image_sizes(
@@ -372,6 +388,35 @@ def image_sizes(
     return sizes
 
 
+def audio_lengths(
+    refs: MediaRefs,
+    *,
+    audio_names: Sequence[str],
+    audios: Mapping[str, bytes],
+    takes_audio: str | None,
+    max_seconds: float | None,
+) -> list[AudioLength]:
+    """The length of each referenced clip in order of appearance (from its header where that
+    is exact, else decoded: :func:`.audio.length`); ``takes_audio``: None where the layout
+    takes audio, else why not (the ``unsupported_audio`` detail). A missing, unreadable or
+    over-long clip is a :class:`Skip`."""
+    lengths = []
+    for i in refs.order:
+        name = audio_names[i]
+        if name not in audios:
+            raise Skip(
+                "missing_audio",
+                f"audio {brief(name)} is listed but {_why_absent(name, audios, kind=AUDIO)}",
+            )
+        if takes_audio is not None:
+            raise Skip("unsupported_audio", f"audio {brief(name)}: {takes_audio}")
+        try:
+            lengths.append(audio_length(audios[name], max_seconds=max_seconds))
+        except Skip as e:
+            raise Skip(e.reason, f"audio {brief(name)}: {e.detail}") from None
+    return lengths
+
+
 class VideoCosting(Protocol):
     """What a layout needs of videos (``energon_packing.media.video.VideoSide`` is one; the
     encoding room never imports it: torch and PyAV live there)."""
@@ -380,8 +425,9 @@ class VideoCosting(Protocol):
         """The video's plan from its header (``grid``, ``tokens``, ``expansion(...)``,
         ``rope_grids()``, ``time_intervals(...)``); :class:`Skip` if it cannot be used."""
 
-    def media(self, data: bytes) -> dict[str, np.ndarray]:
-        """The video's model inputs, decoded now and checked against its plan."""
+    def media(self, data: bytes, plan: Any = None) -> dict[str, np.ndarray]:
+        """The video's model inputs, decoded now and checked against its plan (the one made
+        at encode time; None: made again from the header)."""
 
 
 def video_plans(
@@ -434,6 +480,13 @@ def _why_absent(name: str, images: Mapping[str, bytes], *, kind: str = IMAGE) ->
         )
     if kind == VIDEO:
         return f"the shard sample has no such part (its video parts: {brief(sorted(images))})"
+    if kind == AUDIO and not may_be_audio(name):
+        return (
+            f"only parts named *.{', *.'.join(sorted(AUDIO_SUFFIXES))} are read as audio "
+            f"(AUDIO_SUFFIXES)"
+        )
+    if kind == AUDIO:
+        return f"the shard sample has no such part (its audio parts: {brief(sorted(images))})"
     if not may_be_image(name):
         suffix = name.rpartition(".")[2]
         return (
@@ -468,7 +521,7 @@ def fit_to_capacity(
     if (end := media_end()) > capacity:
         raise Skip(
             "overlong_media",
-            f"{what}; its images / videos end at token {end} and are never cut",
+            f"{what}; its images / videos / audio clips end at token {end} and are never cut",
         )
     if not any(w > 0 for w in encoding.token_mask[:capacity]):
         raise Skip(

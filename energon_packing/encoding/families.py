@@ -21,7 +21,16 @@ from energon_packing.encoding.models import ModelInfo
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "Family", "check_model", "family_of", "family_of_model", "family_table"]
+__all__ = [
+    "FAMILIES",
+    "AudioRule",
+    "Family",
+    "audio_families",
+    "check_model",
+    "family_of",
+    "family_of_model",
+    "family_table",
+]
 
 
 class _Shape:
@@ -266,6 +275,69 @@ def _tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> di
     return {"num_patches": [count(h, w, defaults) for per_text in sizes for h, w in per_text]}
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class AudioRule:
+    """How a family's processor turns one conversation's clips (16 kHz samples) into audio
+    tokens and features, as its ``_process_audio`` does (transformers 5.24).
+
+    Attributes:
+        name: The rule's name (the restore fingerprint holds it).
+        padding: ``"max_length"``: the processor pads every clip to the feature extractor's
+            maximum (Qwen2.5-Omni: 5 minutes) and cuts longer ones, so a clip's features do
+            not depend on its neighbours; the pack holds them padded to the longest clip of
+            the pack only (the model reads the masked frames alone), and a clip over the
+            maximum is skipped (``audio_too_long``), never cut. ``"longest"``: the processor
+            pads the clips of one call to the longest of them (Qwen3-Omni), and the longest
+            clip's frame count and last frames differ from a padded one's: a conversation's
+            clips go through one call of their own, never one call per pack.
+        tokens: Audio tokens of a clip of ``frames`` mel frames (the processor's
+            ``_get_feat_extract_output_lengths``), given the processor.
+    """
+
+    name: str
+    padding: str
+    tokens: Callable[[int, Any], int]
+
+    def frames(self, samples: list[int], hop: int) -> list[int]:
+        """Each clip's mel frames (``feature_attention_mask.sum(-1)``) in a call with the
+        conversation's clips (Whisper's mask is the samples' mask at every ``hop``-th sample,
+        cut to the ``padded length // hop`` frames its STFT keeps)."""
+        if self.padding == "longest":
+            kept = max(samples) // hop
+            return [min(_ceil_div(n, hop), kept) for n in samples]
+        return [_ceil_div(n, hop) for n in samples]
+
+    def call_kwargs(self, samples: list[int], hop: int, n_fft: int) -> dict:
+        """What the feature extractor is called with for one conversation's clips."""
+        if self.padding == "longest":
+            return {"padding": True, "truncation": False}
+        # every frame a clip's mask covers sees the same zeros as under the processor's
+        # 5-minute pad, and the clip's max (the log-mel floor) counts an all-zero frame as it
+        # does; frames past that are the pad's own values
+        width = _ceil_div(max(samples), hop) * hop + 2 * n_fft
+        return {"padding": "max_length", "max_length": width, "truncation": True}
+
+
+def _qwen2_5_omni_tokens(frames: int, processor: Any) -> int:
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def _qwen3_omni_tokens(frames: int, processor: Any) -> int:
+    chunk = 2 * getattr(processor, "n_window", 50)
+    left = (frames % chunk - 1) // 2 + 1
+    return ((left - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
+
+
+QWEN2_5_OMNI_AUDIO = AudioRule(
+    name="qwen2_5_omni", padding="max_length", tokens=_qwen2_5_omni_tokens
+)
+QWEN3_OMNI_AUDIO = AudioRule(name="qwen3_omni", padding="longest", tokens=_qwen3_omni_tokens)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Family:
     """A model family.
@@ -302,6 +374,8 @@ class Family:
             (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
         block_layers: The layer types that read the image blocks (Gemma 3: all; Gemma 4: its
             sliding layers, its full layers stay causal).
+        audio: How the family's processor takes audio clips (None: an audio clip is skipped
+            ``unsupported_audio``).
         vision_start: The token that opens an image's block (mRoPE families: Qwen's
             ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
     """
@@ -320,6 +394,7 @@ class Family:
     placeholder: str = "image_token"
     image_blocks: bool = False
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention")
+    audio: AudioRule | None = None
     vision_start: str = "<|vision_start|>"
 
     def __post_init__(self) -> None:
@@ -442,7 +517,33 @@ FAMILIES: tuple[Family, ...] = (
         token_types="mm_token_type_ids",
         vision_start="<|begin_of_image|>",
     ),
+    # the Omni thinkers: Qwen2-VL's image rule, time-aligned mRoPE (audio positions run on as
+    # text's do; an image's as Qwen2-VL's), audio through the Whisper feature extractor
+    Family(
+        name="qwen2_5_omni",
+        classes=("Qwen2_5OmniProcessor",),
+        model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        audio=QWEN2_5_OMNI_AUDIO,
+        vision_start="<|vision_bos|>",
+    ),
+    Family(
+        name="qwen3_omni",
+        classes=("Qwen3OmniMoeProcessor",),
+        model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        audio=QWEN3_OMNI_AUDIO,
+    ),
 )
+
+
+def audio_families() -> list[str]:
+    """The families whose processors take audio clips (``unsupported_audio`` names them)."""
+    return [f.name for f in FAMILIES if f.audio is not None]
 
 
 def family_of_model(model_type: str | None) -> Family | None:
@@ -503,14 +604,15 @@ def family_table() -> str:
 
     rows = [
         "| family | processor | model types packed exactly | only with `allow_stateful_layers` "
-        "| positions | videos | attention per conversation |",
-        "|---|---|---|---|---|---|---|",
+        "| positions | videos | audio | attention per conversation |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
         rows.append(
             f"| {f.name} | {code(f.classes)} | {code(f.model_types)} | "
             f"{code(f.stateful_model_types)} | {'mRoPE (3 rows)' if f.mrope else '1-D'} | "
             f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
+            f"{'yes' if f.audio else 'skipped (`unsupported_audio`)'} | "
             f"{_attention(f)} |"
         )
     return "\n".join(rows)

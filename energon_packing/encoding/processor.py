@@ -50,15 +50,17 @@ from energon_packing.encoding.chat import (
     Skip,
     Turn,
     VideoCosting,
+    audio_lengths,
     decode_once,
     fit_to_capacity,
     image_sizes,
     read_conversation,
     video_plans,
 )
-from energon_packing.encoding.families import FAMILIES, family_of
+from energon_packing.encoding.families import FAMILIES, audio_families, family_of
 from energon_packing.encoding.models import info_of
 from energon_packing.encoding.positions import MRope, mrope_positions
+from energon_packing.encoding.processor_audio import AudioSide
 from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
 from energon_packing.encoding.rendering import (
     backend_encoder,
@@ -90,6 +92,7 @@ class ProcessorEncoding:
     video_order: list[int] = field(default_factory=list)
     #: each video's plan from its header, in the same order
     video_plans: list = field(default_factory=list)
+    audio_order: list[int] = field(default_factory=list)
     truncated: int = 0
 
     @property
@@ -164,6 +167,10 @@ class ProcessorChat:
         self.video_token_id = (
             self.tokenizer.convert_tokens_to_ids(self.video_token) if self.video_token else None
         )
+        #: the family's audio work (None: audio clips are skipped ``unsupported_audio``)
+        self.audio: AudioSide | None = None
+        if self.family is not None and self.family.audio is not None:
+            self.audio = AudioSide(processor, self.family.audio)
         self.mrope = None
         if self.family is not None and self.family.mrope:
             self.mrope = MRope(
@@ -221,6 +228,8 @@ class ProcessorChat:
                 "special": sorted(tokenizer.all_special_ids),
                 "pad": self.pad_id,
             }
+            if self.audio is not None:  # the rule that decides an audio clip's tokens
+                parts["audio"] = self.audio.fingerprint
             blob = json.dumps(parts, sort_keys=True, default=str)
             self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         return self._fingerprint
@@ -274,12 +283,15 @@ class ProcessorChat:
         config: PackingConfig,
         video_names: Sequence[str] = (),
         videos: Mapping[str, bytes] | None = None,
+        audio_names: Sequence[str] = (),
+        audios: Mapping[str, bytes] | None = None,
     ) -> ProcessorEncoding:
         """Encodes one conversation, or raises :class:`Skip` / :class:`OverlongError`."""
         c = read_conversation(
             messages=messages,
             image_names=image_names,
             video_names=video_names,
+            audio_names=audio_names,
             loss_weight=loss_weight,
             config=config,
             find_special=self.find_special,
@@ -314,6 +326,14 @@ class ProcessorChat:
             )
             for plan in plans
         ]
+        clips = audio_lengths(
+            c.audios,
+            audio_names=audio_names,
+            audios=audios or {},
+            takes_audio=None if self.audio is not None else self._no_audio(),
+            max_seconds=config.max_audio_seconds,
+        )
+        heard = self.audio.expansions([clip.samples for clip in clips]) if clips else []
 
         chat = self.messages(turns)
         try:
@@ -323,7 +343,7 @@ class ProcessorChat:
         except Exception as e:  # the template's own checks (roles must alternate, ...)
             raise Skip("template_error", describe(e)) from None
         try:
-            ids, offsets, shifts, media = self._expand(text, sizes, expansions)
+            ids, offsets, shifts, media = self._expand(text, sizes, expansions, heard)
         except Skip:  # a rule of the family's size rule (aspect ratio): data
             raise
         except Exception as e:  # the family's size rule refuses the image otherwise
@@ -343,6 +363,7 @@ class ProcessorChat:
             image_order=refs.order,
             video_order=c.videos.order,
             video_plans=plans,
+            audio_order=c.audios.order,
         )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
@@ -378,15 +399,26 @@ class ProcessorChat:
             spans.append((start, end))
         return text, spans
 
+    def _no_audio(self) -> str:
+        """Why this layout takes no audio (the ``unsupported_audio`` detail)."""
+        return (
+            f"{self.family_name} ({self.name}) takes no audio; the families whose processors "
+            f"take audio: {', '.join(audio_families())}"
+        )
+
     def _expand(
-        self, text: str, sizes: list[tuple[int, int]], videos: Sequence[str] = ()
+        self,
+        text: str,
+        sizes: list[tuple[int, int]],
+        videos: Sequence[str] = (),
+        audios: Sequence[str] = (),
     ) -> tuple[list, list, list, list]:
         """Token ids and offsets of ``text`` with every image placeholder expanded from sizes
         alone and every video placeholder by its expansion; ``shifts``: ``(end of the
         placeholder in text, characters it gained)`` per medium; ``media``: ``[first, end)``
         token range of each (expansion and markup)."""
-        if sizes or videos:
-            expanded, shifts, spans = self.images.expand(text, sizes, videos)
+        if sizes or videos or audios:
+            expanded, shifts, spans = self.images.expand(text, sizes, videos, audios)
         else:
             expanded, shifts, spans = text, [], []
         ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
@@ -442,6 +474,17 @@ class ProcessorChat:
                 try:
                     plans[n], clips = self._videos(item)
                     media[n] = {**media[n], **clips}
+                except Exception as e:  # Skip or a mismatch: it alone
+                    media[n] = e
+            if item.get("audios") and not isinstance(media[n], Exception):
+                try:  # the conversation's clips in a call of their own (AudioRule.padding)
+                    heard = self.audio.features(
+                        key=item["key"],
+                        clips=item["audios"],
+                        input_ids=item["input_ids"],
+                        max_seconds=config.max_audio_seconds,
+                    )
+                    media[n] = {**media[n], **heard}
                 except Exception as e:  # Skip or a mismatch: it alone
                     media[n] = e
         tokens: list[dict] = [{} for _ in items]

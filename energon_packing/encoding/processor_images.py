@@ -58,6 +58,8 @@ class ImageSide:
         self.markup = _markup(render, self.placeholder)
         video_token = getattr(processor, "video_token", None)
         self.video_markup = _markup(render, video_token, kind="video") if video_token else None
+        audio_token = getattr(processor, "audio_token", None) if family.audio else None
+        self.audio_markup = _markup(render, audio_token, kind="audio") if audio_token else None
         # the tokens the model fills with vision features (Gemma 3: not its placeholder)
         ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
         if not ids:
@@ -76,29 +78,39 @@ class ImageSide:
         return [self.processor.replace_image_token(inputs, i) for i in range(len(sizes))]
 
     def expand(
-        self, text: str, sizes: list[tuple[int, int]], videos: Sequence[str] = ()
+        self,
+        text: str,
+        sizes: list[tuple[int, int]],
+        videos: Sequence[str] = (),
+        audios: Sequence[str] = (),
     ) -> tuple[str, list, list]:
-        """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone
-        and each video placeholder by ``videos`` (its expansion, from its header);
-        ``shifts``: ``(end of the placeholder in text, characters it gained)`` per medium;
-        ``spans``: each one's characters in the expanded text, markup included."""
+        """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone,
+        each video placeholder by ``videos`` and each audio placeholder by ``audios`` (their
+        expansions, from headers); ``shifts``: ``(end of the placeholder in text, characters
+        it gained)`` per medium; ``spans``: each one's characters in the expanded text, markup
+        included."""
         images = self.replacements(sizes) if sizes else []
         if self.public:
+            # audio_replacements only where there is audio: older releases lack the keyword
+            extra = {"audio_replacements": list(audios)} if audios else {}
             (expanded,), (offsets,) = self.processor.get_text_with_replacements(
-                [text], images_replacements=images, videos_replacements=list(videos)
+                [text], images_replacements=images, videos_replacements=list(videos), **extra
             )
-        else:
+        else:  # no audio family runs here: processor_media_refusal refuses it first
             expanded, offsets = self._replaced(text, images, list(videos))
-        found = [sum(o.get("type", "image") == k for o in offsets) for k in ("image", "video")]
-        if found != [len(sizes), len(videos)]:
+        kinds = ("image", "video", "audio")
+        found = [sum(o.get("type", "image") == k for o in offsets) for k in kinds]
+        if found != [len(sizes), len(videos), len(audios)]:
             raise Skip(
                 "placeholder_mismatch",
-                f"the rendered text holds {found[0]} image and {found[1]} video placeholder(s) "
-                f"for {len(sizes)} image(s) and {len(videos)} video(s)",
+                f"the rendered text holds {found[0]} image, {found[1]} video and {found[2]} "
+                f"audio placeholder(s) for {len(sizes)} image(s), {len(videos)} video(s) and "
+                f"{len(audios)} audio clip(s)",
             )
+        markups = {"video": self.video_markup, "audio": self.audio_markup}
         shifts, spans = [], []
         for o in offsets:
-            markup = self.video_markup if o.get("type") == "video" else self.markup
+            markup = markups.get(o.get("type"), self.markup)
             before, after = markup or ("", "")
             (start, end), (new_start, new_end) = o["span"], o["new_span"]
             shifts.append((end, (new_end - new_start) - (end - start)))

@@ -1,9 +1,11 @@
 """The Energon sample types and the sample loader that ``dataset.yaml`` points at.
 
 A shard sample is ``<key>.json`` = ``{"messages": [...], "images": ["img0.jpg", ...],
-"videos": ["clip.mp4", ...]}`` plus image parts ``<key>.img0.jpg``, ``<key>.photo (1).png``,
-``<key>.图片.webp`` and video parts ``<key>.clip.mp4`` (``.mp4 .m4v .mkv .webm .mov .avi``, kept
-compressed until their pack is emitted). WebDataset and
+"videos": ["clip.mp4", ...], "audios": ["speech.wav", ...]}`` plus image parts
+``<key>.img0.jpg``, ``<key>.photo (1).png``, ``<key>.图片.webp``, video parts ``<key>.clip.mp4``
+(``.mp4 .m4v .mkv .webm .mov .avi``) and audio parts ``<key>.speech.wav``
+(``.wav .flac .mp3 .ogg .opus .m4a``), videos and audio kept compressed until their pack is
+emitted. WebDataset and
 Energon split a member's name at the first dot of its file name: the key is what comes before
 (so a key's file name holds no dot), the part name all after (so it holds no ``/``); any other
 character is fine. Images are recognised by content, whatever their extension
@@ -36,6 +38,7 @@ import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
+from energon_packing.encoding.audio import may_be_audio
 from energon_packing.encoding.chat import Skip, brief, check_loss_weight
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
@@ -74,6 +77,8 @@ class ConversationSample(Sample):
             it under that reason.
         video_names: The document's ``videos`` list, in order.
         videos: Raw bytes of every video part present, by part name.
+        audio_names: The document's ``audios`` list, in order.
+        audios: Raw bytes of every audio part present, by part name.
     """
 
     messages: list
@@ -83,6 +88,8 @@ class ConversationSample(Sample):
     problem: tuple[str, str] | None = None
     video_names: list = dataclasses.field(default_factory=list)
     videos: dict = dataclasses.field(default_factory=dict)
+    audio_names: list = dataclasses.field(default_factory=list)
+    audios: dict = dataclasses.field(default_factory=dict)
 
 
 @edataclass
@@ -104,6 +111,7 @@ class EncodedConversation(Sample):
     #: each image's and video's grid ``(t, h, w)`` in patches, from headers (what balanced
     #: emission prices its vision encoder by)
     grids: list = dataclasses.field(default_factory=list)
+    audios: list = dataclasses.field(default_factory=list)  # compressed bytes, in order
 
 
 @edataclass
@@ -150,6 +158,11 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         for name, data in raw.items()
         if not name.startswith("__") and isinstance(data, bytes) and may_be_video(name)
     }
+    audios = {
+        name: data
+        for name, data in raw.items()
+        if not name.startswith("__") and isinstance(data, bytes) and may_be_audio(name)
+    }
     data = raw.get("json")
     if data is None:
         raise Skip("missing_json", "the sample has no .json part")
@@ -190,6 +203,7 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
     _refuse_unpacked(data)
     names = _listed(data, messages, images, kind="image")
     video_names = _listed(data, messages, videos, kind="video")
+    audio_names = _listed(data, messages, audios, kind="audio")
     return {
         "messages": messages,
         "image_names": names,
@@ -197,21 +211,14 @@ def _load(raw: dict[str, Any]) -> dict[str, Any]:
         "loss_weight": check_loss_weight(data.get("loss_weight", 1.0)),
         "video_names": video_names,
         "videos": videos,
+        "audio_names": audio_names,
+        "audios": audios,
     }
 
 
 def _refuse_unpacked(data: dict) -> None:
-    """Audio (``audios``) and ms-swift's grounding ``objects``: skipped, never packed as the
-    text left without them (an answer about a clip never heard, ``<bbox>`` trained as text).
-    ``<audio>`` in a document that lists no audio is text, as ``<video>`` is."""
-    audios = data.get("audios", data.get("audio"))
-    if audios:
-        listed = audios if isinstance(audios, list) else [audios]
-        raise Skip(
-            "unsupported_media",
-            f"the document lists {len(listed)} audio(s) ({brief(listed[0])}): audio is not "
-            "packed yet, and without it the answer would train on sound never heard",
-        )
+    """ms-swift's grounding ``objects``: skipped, never packed as the text left without them
+    (``<bbox>`` trained as text)."""
     if data.get("objects"):
         raise Skip(
             "unsupported_field",
@@ -283,8 +290,9 @@ def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:
 def is_conversation_part(part: str) -> bool:
     """The parts the loader reads: the JSON document, every part that may be an image (any
     name but text, tensor, audio, video and archive suffixes: content decides) and the video
-    parts (:data:`~energon_packing.encoding.images.VIDEO_SUFFIXES`)."""
-    return part == "json" or may_be_image(part) or may_be_video(part)
+    parts (:data:`~energon_packing.encoding.images.VIDEO_SUFFIXES`) and the audio parts
+    (:data:`~energon_packing.encoding.audio.AUDIO_SUFFIXES`)."""
+    return part == "json" or may_be_image(part) or may_be_video(part) or may_be_audio(part)
 
 
 def conversation_loader() -> Callable[[dict[str, Any]], dict[str, Any]]:

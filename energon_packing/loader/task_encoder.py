@@ -229,6 +229,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 images=sample.images,
                 video_names=sample.video_names,
                 videos=sample.videos,
+                audio_names=getattr(sample, "audio_names", ()),
+                audios=getattr(sample, "audios", None),
                 loss_weight=sample.loss_weight * float(subflavors.get("loss_weight", 1.0)),
                 config=self.config,
             )
@@ -252,6 +254,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             images=[sample.images[sample.image_names[i]] for i in encoding.image_order],
             videos=[sample.videos[sample.video_names[i]] for i in encoding.video_order],
             video_plans=encoding.video_plans,
+            audios=[
+                sample.audios[sample.audio_names[i]] for i in getattr(encoding, "audio_order", ())
+            ],
             grids=self._grids(encoding),
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
@@ -514,6 +519,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 "images": s.images,
                 "videos": s.videos,
                 "video_plans": s.video_plans,
+                "audios": getattr(s, "audios", []),
             }
             for s in samples
         ]

@@ -14,6 +14,10 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 - GLM4V_TEMPLATE: zai-org/GLM-4.1V-9B-Thinking (``[gMASK]<sop>``, role tags, each image as
   ``<|begin_of_image|><|image|><|end_of_image|>``; an assistant's list content rendered in
   place as GLM-4.5V's ``visible_text`` does).
+- QWEN2_5_OMNI_TEMPLATE: Qwen/Qwen2.5-Omni-* (Qwen2-VL's, with audio parts and
+  ``<|vision_bos|>`` / ``<|audio_bos|>`` markers).
+- QWEN3_OMNI_TEMPLATE: Qwen3-VL's, with Qwen3-Omni's audio part
+  (``<|audio_start|><|audio_pad|><|audio_end|>``); written here, not copied from a checkpoint.
 """
 
 __all__ = [
@@ -22,7 +26,9 @@ __all__ = [
     "GLM4V_TEMPLATE",
     "IDEFICS3_TEMPLATE",
     "LLAVA_ONEVISION_TEMPLATE",
+    "QWEN2_5_OMNI_TEMPLATE",
     "QWEN2_VL_TEMPLATE",
+    "QWEN3_OMNI_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
     "chatml_interleaved",
 ]
@@ -42,6 +48,30 @@ QWEN2_VL_TEMPLATE = (
     "{% set video_count.value = video_count.value + 1 %}"
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
     "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+QWEN2_5_OMNI_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "{% if add_audio_id %}Audio {{ audio_count.value }}: {% endif %}"
+    "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_bos|><|VIDEO|><|vision_eos|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -271,3 +301,20 @@ def chatml_interleaved(image: str) -> str:
         "{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
+
+
+#: Qwen3-VL's template with an audio part, as Qwen3-Omni renders one
+QWEN3_OMNI_TEMPLATE = QWEN3_VL_TEMPLATE.replace(
+    "{%- set image_count = namespace(value=0) %}",
+    "{%- set image_count = namespace(value=0) %}\n{%- set audio_count = namespace(value=0) %}",
+).replace(
+    """                {%- elif content.type == 'video' or 'video' in content %}""",
+    """                {%- elif content.type == 'audio' or 'audio' in content or 'audio_url' in content %}
+                    {%- set audio_count.value = audio_count.value + 1 %}
+                    {%- if add_audio_id %}Audio {{ audio_count.value }}: {% endif -%}
+                    <|audio_start|><|audio_pad|><|audio_end|>
+                {%- elif content.type == 'video' or 'video' in content %}""",
+)
+assert QWEN3_OMNI_TEMPLATE.count("<|audio_pad|>") == 2 and "audio_count = namespace" in (
+    QWEN3_OMNI_TEMPLATE
+)

@@ -1,0 +1,133 @@
+"""The audio side of a Hugging Face Omni processor, apart from its text side.
+
+What the processor's own ``_process_audio`` does, without tokenizing anything: each audio
+placeholder's expansion (``replace_audio_token``'s count, from the clip's sample count alone at
+encode time: :class:`~energon_packing.encoding.families.AudioRule`) and, at pack time, the
+feature extractor's ``input_features`` and ``feature_attention_mask`` for one conversation's
+clips (decoded then: :func:`energon_packing.encoding.audio.decode`), checked against the ids.
+No torch here (the feature extractor may use it, as it does in the processor).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from energon_packing.encoding import audio
+from energon_packing.encoding.chat import Skip
+from energon_packing.encoding.families import AudioRule
+
+__all__ = ["AudioSide"]
+
+
+class AudioSide:
+    """A processor's audio work for one family.
+
+    Args:
+        processor: An Omni processor (``feature_extractor``, ``audio_token``).
+        rule: The family's :class:`~energon_packing.encoding.families.AudioRule`.
+    """
+
+    def __init__(self, processor: Any, rule: AudioRule):
+        self.processor = processor
+        self.rule = rule
+        self.extractor = processor.feature_extractor
+        for name in ("hop_length", "n_fft", "n_samples", "sampling_rate"):
+            if not hasattr(self.extractor, name):
+                raise ValueError(
+                    f"{type(processor).__name__}'s feature extractor "
+                    f"{type(self.extractor).__name__} has no {name!r}: energon_packing costs "
+                    f"audio through a Whisper-style feature extractor only"
+                )
+        if self.extractor.sampling_rate != audio.RATE:
+            raise ValueError(
+                f"{type(self.extractor).__name__} takes {self.extractor.sampling_rate} Hz; "
+                f"clips are decoded at {audio.RATE} Hz"
+            )
+        self.token = processor.audio_token
+        self.token_id = processor.tokenizer.convert_tokens_to_ids(self.token)
+
+    def configure(self, overrides: Mapping[str, Any]) -> None:
+        """The feature extractor rebuilt with ``audio_config``'s settings over its own."""
+        klass = type(self.extractor)
+        accepted = set(inspect.signature(klass.__init__).parameters)
+        settings = {k: v for k, v in self.extractor.to_dict().items() if k in accepted}
+        self.extractor = klass(**{**settings, **overrides})
+
+    @property
+    def fingerprint(self) -> str:
+        """The rule and the feature extractor's settings: what decides a clip's tokens."""
+        settings = {
+            k: v for k, v in self.extractor.to_dict().items() if k not in ("mel_filters", "window")
+        }
+        blob = json.dumps(
+            {"rule": self.rule.name, "padding": self.rule.padding, "settings": settings},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _check_family_maximum(self, samples: Sequence[int]) -> None:
+        if self.rule.padding != "max_length":
+            return
+        most = self.extractor.n_samples
+        for n in samples:
+            if n > most:
+                raise Skip(
+                    "audio_too_long",
+                    f"a clip of {n / audio.RATE:,.2f} s, longer than the {most / audio.RATE:g} s "
+                    f"its feature extractor takes (chunk_length); the processor would cut it "
+                    f"silently: cut such clips, or raise audio_config['chunk_length']",
+                )
+
+    def tokens(self, samples: Sequence[int]) -> list[int]:
+        """Audio tokens of each of one conversation's clips (``samples`` at 16 kHz)."""
+        self._check_family_maximum(samples)
+        frames = self.rule.frames(list(samples), self.extractor.hop_length)
+        return [self.rule.tokens(f, self.processor) for f in frames]
+
+    def expansions(self, samples: Sequence[int]) -> list[str]:
+        """Each clip's placeholder expansion, as ``replace_audio_token`` writes it."""
+        return [self.token * n for n in self.tokens(samples)]
+
+    def features(
+        self, *, key: str, clips: Sequence[bytes], input_ids: Any, max_seconds: float | None
+    ) -> dict[str, np.ndarray]:
+        """``input_features`` and ``feature_attention_mask`` of one conversation's clips
+        (decoded now), from one feature-extractor call of their own; the ids must hold as many
+        audio tokens as the features give.
+
+        Raises:
+            Skip: a clip does not decode.
+            ProcessorMismatchError: the features give another token count than the ids hold.
+        """
+        from energon_packing.encoding.processor_images import ProcessorMismatchError
+
+        waves = [audio.decode(data, max_seconds=max_seconds) for data in clips]
+        samples = [len(w) for w in waves]
+        self._check_family_maximum(samples)
+        extractor = self.extractor
+        out = extractor(
+            waves,
+            sampling_rate=audio.RATE,
+            return_attention_mask=True,
+            return_tensors="np",
+            **self.rule.call_kwargs(samples, extractor.hop_length, extractor.n_fft),
+        )
+        mask = np.asarray(out["attention_mask"], dtype=np.int32)
+        features = np.asarray(out["input_features"], dtype=np.float32)
+        frames = mask.sum(-1).tolist()
+        need = sum(self.rule.tokens(f, self.processor) for f in frames)
+        held = int(np.count_nonzero(np.asarray(input_ids) == self.token_id))
+        if held != need or frames != self.rule.frames(samples, extractor.hop_length):
+            raise ProcessorMismatchError(
+                f"{self.rule.name}: sample {key!r}: the encoded ids hold {held} audio tokens, "
+                f"its {len(waves)} clip(s) of {samples} samples give {frames} mel frames and "
+                f"{need} tokens"
+            )
+        return {"input_features": features, "feature_attention_mask": mask}

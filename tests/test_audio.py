@@ -1,0 +1,415 @@
+"""Audio conversations: documents, clip lengths, skip reasons, and the Omni families exact.
+
+Clips are synthesised here with PyAV's own encoders (:mod:`energon_packing.testing.audio`).
+Per Omni family: token ids, ``input_features`` / ``feature_attention_mask``, positions (the
+thinker's own ``get_rope_index``) equal to the real processor called on each conversation alone,
+and per-source logits of a loader pack equal to each conversation run alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import conversation_sample, loader_batches, make_dataset
+
+from energon_packing import PackingTaskEncoder
+from energon_packing.encoding import audio
+from energon_packing.encoding.images import decode as decode_image
+from energon_packing.loader.task_encoder import SkipSample
+from energon_packing.testing import hf
+from energon_packing.testing.audio import FORMATS, clip
+from energon_packing.testing.families import AUDIO_FAMILIES, build
+from energon_packing.trainer import prepacked_microbatches
+
+pytestmark = pytest.mark.energon
+
+VIDEO = Path(__file__).parent / "data" / "video" / "h264_48x36_10fps_2s.mp4"
+CAPACITY = 1024
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+#: (key, document, parts): audio alone, two clips, audio with an image, placeholders, text only
+def _conversations() -> list[tuple[str, dict, dict]]:
+    a = clip("wav", seconds=1.37, seed=1)
+    b = clip("flac", seconds=0.9, rate=44100, channels=2, seed=2)
+    c = clip("mp3", seconds=2.1, rate=22050, seed=3)
+    d = clip("opus", seconds=0.61, seed=4)
+    e = clip("m4a", seconds=1.05, rate=44100, channels=2, seed=5)
+    f = clip("ogg", seconds=3.3, seed=6)
+    image = _png(90, 60, seed=7)
+
+    def parts(*pieces):
+        return [
+            {"type": "text", "text": p} if isinstance(p, str) else {"type": p[0], p[0]: p[1]}
+            for p in pieces
+        ]
+
+    return [
+        (
+            "one_clip",
+            {
+                "messages": [
+                    {"role": "user", "content": parts(("audio", "a.wav"), "What is it?")},
+                    {"role": "assistant", "content": "A tone and some noise."},
+                ],
+                "audios": ["a.wav"],
+            },
+            {"a.wav": a},
+        ),
+        (
+            "two_clips",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": parts(
+                            "Compare ", ("audio", "b.flac"), " with ", ("audio", "c.mp3")
+                        ),
+                    },
+                    {"role": "assistant", "content": "The second is longer."},
+                    {"role": "user", "content": "Sure?"},
+                    {"role": "assistant", "content": "Yes."},
+                ],
+                "audios": ["b.flac", "c.mp3"],
+            },
+            {"b.flac": b, "c.mp3": c},
+        ),
+        (
+            "placeholders",  # ms-swift's style: <audio> tags and an 'audios' list
+            {
+                "messages": [
+                    {"role": "user", "content": "<audio>Then <audio>: which is louder?"},
+                    {"role": "assistant", "content": "The first."},
+                ],
+                "audios": ["d.opus", "e.m4a"],
+            },
+            {"d.opus": d, "e.m4a": e},
+        ),
+        (
+            "image_and_clip",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": parts(
+                            ("image", "p.png"), "Does it sound like ", ("audio", "f.ogg")
+                        ),
+                    },
+                    {"role": "assistant", "content": "Not at all."},
+                ],
+                "images": ["p.png"],
+                "audios": ["f.ogg"],
+            },
+            {"p.png": image, "f.ogg": f},
+        ),
+        (
+            "text_only",
+            {
+                "messages": [
+                    {"role": "user", "content": "Is <audio> an HTML tag?"},
+                    {"role": "assistant", "content": "Yes, since HTML5."},
+                ],
+            },
+            {},
+        ),
+    ]
+
+
+CONVERSATIONS = _conversations()
+BY_KEY = {key: (document, parts) for key, document, parts in CONVERSATIONS}
+
+
+def _hf_messages(document: dict) -> list[dict]:
+    """The document in the processor's message format, written apart from the package."""
+    messages = []
+    for message in document["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            # "<audio>" is a clip where the document lists audio, else text
+            pieces = content.split("<audio>") if document.get("audios") else [content]
+            out = []
+            for k, text in enumerate(pieces):
+                if k:
+                    out.append({"type": "audio"})
+                if text:
+                    out.append({"type": "text", "text": text})
+        else:
+            out = [
+                {"type": "text", "text": p["text"]} if p["type"] == "text" else {"type": p["type"]}
+                for p in content
+            ]
+        messages.append({"role": message["role"], "content": out})
+    return messages
+
+
+def _in_order(document: dict, parts: dict, kind: str) -> list[bytes]:
+    names, order = list(document.get(f"{kind}s", [])), []
+    for message in document["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            order += names[len(order) : len(order) + content.count(f"<{kind}>")] if names else []
+        else:
+            order += [p[kind] for p in content if p["type"] == kind]
+    return [parts[name] for name in order]
+
+
+def _reference(processor, key: str) -> dict:
+    """The real processor on the conversation alone."""
+    document, parts = BY_KEY[key]
+    text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
+    clips = [audio.decode(data) for data in _in_order(document, parts, "audio")]
+    images = [decode_image(data) for data in _in_order(document, parts, "image")]
+    return processor(
+        text=[text], audio=clips or None, images=[images] if images else None, return_tensors="pt"
+    )
+
+
+@pytest.fixture(scope="module")
+def audio_dataset(tmp_path_factory):
+    raw = [
+        {"__key__": key, "json": __import__("json").dumps(document).encode(), **parts}
+        for key, document, parts in CONVERSATIONS
+    ]
+    return make_dataset(tmp_path_factory.mktemp("audio"), [], raw=raw)
+
+
+# ---- clips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", sorted(FORMATS))
+@pytest.mark.parametrize("rate, channels", [(16000, 1), (44100, 2), (22050, 1)])
+def test_a_clip_length_is_its_decoded_sample_count(suffix, rate, channels):
+    """The cost comes from the header only where that is exact (16 kHz PCM WAV and FLAC);
+    any other clip is decoded, since lossy headers are off by their codec's padding."""
+    data = clip(suffix, seconds=1.37, rate=rate, channels=channels)
+    found = audio.length(data)
+    samples = audio.decode(data)
+    assert found.samples == len(samples) and samples.dtype == np.float32
+    exact = suffix in ("wav", "flac") and rate == 16000
+    assert found.source == ("header" if exact else "decode")
+
+
+def test_decoding_equals_ffmpeg_resampling_to_mono_16k():
+    """Stereo is downmixed and resampled by FFmpeg's own resampler (the torchcodec loader's
+    path): a 44.1 kHz stereo clip of two equal channels is the mono clip, resampled."""
+    import av
+
+    data = clip("wav", seconds=0.5, rate=44100, channels=2, seed=3)
+    container = av.open(__import__("io").BytesIO(data))
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+    expected = []
+    for frame in container.decode(audio=0):
+        expected += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    expected += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    assert np.array_equal(audio.decode(data), np.concatenate(expected))
+
+
+# ---- documents and reasons -----------------------------------------------------------------
+
+
+def _skips(te, key, document, parts) -> dict:
+    with contextlib.suppress(SkipSample):
+        te.encode_sample(conversation_sample(key, document, parts))
+    return dict(te.stats.skipped)
+
+
+def _omni(**knobs):
+    return PackingTaskEncoder(
+        max_input_seq_length=CAPACITY, processor=build("qwen2_5_omni", model=False)[0], **knobs
+    )
+
+
+def test_audio_skip_reasons():
+    wav = clip("wav", seconds=1.0)
+
+    def doc(name):
+        return {
+            "messages": [
+                {"role": "user", "content": [{"type": "audio", "audio": name}]},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "audios": [name],
+        }
+
+    assert _skips(_omni(), "m", doc("a.wav"), {}) == {"missing_audio": 1}
+    assert _skips(_omni(), "u", doc("a.wav"), {"a.wav": b"RIFF not a wave"}) == {
+        "audio_unreadable": 1
+    }
+    assert _skips(_omni(), "n", doc("a.m4a"), {"a.m4a": VIDEO.read_bytes()}) == {
+        "audio_no_stream": 1
+    }
+    assert _skips(_omni(max_audio_seconds=0.5), "l", doc("a.wav"), {"a.wav": wav}) == {
+        "audio_too_long": 1
+    }
+    # the family's own maximum: Qwen2.5-Omni's processor would cut a longer clip silently
+    short = _omni(audio_config={"chunk_length": 1})
+    assert _skips(short, "f", doc("a.wav"), {"a.wav": clip("wav", seconds=1.2)}) == {
+        "audio_too_long": 1
+    }
+    # another family, and the built-in layout: skipped, naming the families that take audio
+    for te in (
+        PackingTaskEncoder(
+            max_input_seq_length=CAPACITY, processor=build("qwen2_vl", model=False)[0]
+        ),
+        PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled"),
+    ):
+        assert _skips(te, "x", doc("a.wav"), {"a.wav": wav}) == {"unsupported_audio": 1}
+
+
+def test_unsupported_audio_names_the_families_that_take_it(caplog):
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled")
+    document = {
+        "messages": [
+            {"role": "user", "content": "<audio>What?"},
+            {"role": "assistant", "content": "ok"},
+        ],
+        "audios": ["a.wav"],
+    }
+    with caplog.at_level("INFO"), contextlib.suppress(SkipSample):
+        te.encode_sample(conversation_sample("k", document, {"a.wav": clip("wav", seconds=0.3)}))
+    assert te.stats.skipped == {"unsupported_audio": 1}
+    assert "qwen2_5_omni" in caplog.text
+
+
+def test_audio_placeholder_without_audios_is_text():
+    """``<audio>`` in a document that lists no audio is text: the processor's own ids for it."""
+    processor = build("qwen2_5_omni", model=False)[0]
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+    encoded = te.encode_sample(conversation_sample("t", BY_KEY["text_only"][0], {}))
+    assert "<audio>" in processor.tokenizer.decode(encoded.input_ids.tolist())
+    assert np.array_equal(encoded.input_ids, _reference(processor, "text_only")["input_ids"][0])
+    builtin = PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled")
+    assert builtin.encode_sample(conversation_sample("t", BY_KEY["text_only"][0], {})).length
+
+
+def test_audio_tokens_never_train_and_truncation_never_cuts_a_clip():
+    processor = build("qwen2_5_omni", model=False)[0]
+    document = {
+        "messages": [
+            {"role": "user", "content": "Say something."},
+            {
+                "role": "assistant",
+                "content": [{"type": "audio", "audio": "a.wav"}, {"type": "text", "text": "That."}],
+            },
+        ],
+        "audios": ["a.wav"],
+    }
+    parts = {"a.wav": clip("wav", seconds=2.0)}
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+    encoded = te.encode_sample(conversation_sample("k", document, parts))
+    ids, mask = encoded.input_ids, encoded.token_mask
+    heard = np.isin(
+        ids,
+        processor.tokenizer.convert_tokens_to_ids(["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]),
+    )
+    assert heard.sum() == 50 + 2 and not mask[heard].any() and mask[~heard].any()
+    end = int(np.flatnonzero(heard)[-1]) + 1  # the clip's last token (its end marker) + 1
+    te = PackingTaskEncoder(max_input_seq_length=end - 8, processor=processor, overlong="truncate")
+    assert _skips(te, "k", document, parts) == {"overlong_media": 1}
+
+
+def test_the_audio_rule_joins_the_restore_fingerprint():
+    processor = build("qwen2_5_omni", model=False)[0]
+    plain = _omni().chat.fingerprint
+    assert _omni().chat.fingerprint == plain
+    assert _omni(audio_config={"chunk_length": 30}).chat.fingerprint != plain
+    with pytest.raises(ValueError, match="audio_config applies to families"):
+        PackingTaskEncoder(
+            max_input_seq_length=CAPACITY,
+            processor=build("qwen2_vl", model=False)[0],
+            audio_config={"chunk_length": 30},
+        )
+    with pytest.raises(ValueError, match="audio_config must be a dict with keys among"):
+        PackingTaskEncoder(
+            max_input_seq_length=CAPACITY, processor=processor, audio_config={"x": 1}
+        )
+
+
+# ---- the Omni families, exact --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+def test_predicted_audio_tokens_are_the_processors(family):
+    """encode_sample costs a clip from its sample count; the processor, run on the decoded
+    clip, expands it to exactly that many tokens (sample counts around frame edges)."""
+    processor = build(family, model=False)[0]
+    te = PackingTaskEncoder(max_input_seq_length=8192, processor=processor)
+    rng = np.random.default_rng(0)
+    for n in (400, 1599, 1600, 1601, 16000, 16159, 16160, 31999, 48321):
+        data = clip("wav", seconds=n / 16000, seed=int(rng.integers(1000)))
+        document = {
+            "messages": [
+                {"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "audios": ["a.wav"],
+        }
+        encoded = te.encode_sample(conversation_sample("k", document, {"a.wav": data}))
+        text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
+        reference = processor(text=[text], audio=[audio.decode(data)], return_tensors="pt")
+        assert np.array_equal(encoded.input_ids, reference["input_ids"][0].numpy()), n
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+@pytest.mark.processor_media
+def test_an_omni_family_through_its_processor_and_the_loader(audio_dataset, family):
+    processor, model, info = build(family)
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+    assert te.chat.family_name == info["family"]
+    seen, worst = [], 0.0
+    for batch in loader_batches(audio_dataset, te, buffer=8):
+        (mb,) = prepacked_microbatches(batch, pad_multiple=8)
+        inputs = mb.model_inputs
+        logits = hf.run(model, hf.packed_kwargs(inputs, mb.cu_seqlens_padded, info))
+        clip_row = 0
+        for k, key in enumerate(mb.source_ids):
+            reference = _reference(processor, key)
+            start, n = int(mb.cu_seqlens_padded[k]), int(mb.cu_seqlens[k + 1] - mb.cu_seqlens[k])
+            ids = inputs["input_ids"][0, start : start + n]
+            assert torch.equal(ids, reference["input_ids"][0]), f"{key}: token ids"
+            if "input_features" in reference:
+                clips = len(reference["input_features"])
+                got = inputs["input_features"][clip_row : clip_row + clips]
+                mask = inputs["feature_attention_mask"][clip_row : clip_row + clips]
+                # the pack pads to its widest clip; the processor to the conversation's
+                # longest (Qwen3-Omni) or to its 5-minute maximum (Qwen2.5-Omni)
+                want, want_mask = reference["input_features"], reference["feature_attention_mask"]
+                width = min(got.shape[-1], want.shape[-1])
+                assert torch.equal(mask[..., :width], want_mask[..., :width].to(mask.dtype)), key
+                assert not mask[..., width:].any() and not want_mask[..., width:].any(), key
+                for row, frames in enumerate(want_mask.sum(-1).tolist()):  # what the model reads
+                    assert torch.equal(got[row, :, :frames], want[row, :, :frames]), key
+                clip_row += clips
+            rope, _ = model.get_rope_index(
+                reference["input_ids"],
+                image_grid_thw=reference.get("image_grid_thw"),
+                video_grid_thw=None,
+                attention_mask=reference["attention_mask"],
+                audio_seqlens=(
+                    reference["feature_attention_mask"].sum(-1)
+                    if "feature_attention_mask" in reference
+                    else None
+                ),
+            )
+            got = inputs["position_ids"][:, 0, start : start + n]
+            assert torch.equal(got, rope[:, 0].long()), f"{key}: positions"
+            alone = hf.run(model, dict(reference))
+            worst = max(worst, float((logits[start : start + n] - alone[:n]).abs().max()))
+            seen.append(key)
+        assert clip_row == (len(inputs["input_features"]) if "input_features" in inputs else 0)
+    assert sorted(seen) == sorted(BY_KEY) and not te.stats.skipped
+    assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
