@@ -76,6 +76,67 @@ def test_convert_decodes_every_image_and_no_decode_copies_them(tmp_path):
     assert (fast.converted, fast.reported) == (4, {})  # what the loader alone would find
 
 
+def test_decoding_in_threads_writes_the_same_bytes_as_decoding_in_line(tmp_path):
+    """``workers``: images are decoded in threads ahead of the writer, and every shard, the
+    report and the map are byte for byte those of one thread; a record with several images, one
+    broken, is reported once, in its place."""
+    images = tmp_path / "images"
+    images.mkdir()
+    two = [
+        {"from": "human", "value": "<image><image>\nTwo?"},
+        {"from": "gpt", "value": "Two."},
+    ]
+    records = []
+    for i in range(40):
+        name = f"{i:02d}.jpg"
+        broken = list(BROKEN.values())[i % 2] if i % 7 == 3 else None
+        (images / name).write_bytes(broken or jpeg((32 + i, 24)))
+        if i % 5 == 0:
+            records.append({"id": i, "image": [name, "good.jpg"], "conversations": two})
+        else:
+            records.append({"id": i, "image": name, "conversations": TURNS})
+    records.insert(11, {"id": "text", "conversations": [TURNS[0] | {"value": "hi"}, TURNS[1]]})
+    (images / "good.jpg").write_bytes(GOOD)
+    source = tmp_path / "llava.json"
+    source.write_text(json.dumps(records))
+    outs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"out{workers}"
+        result = convert(
+            source=source, out=out, media_root=images, prepare=False, workers=workers,
+            samples_per_shard=8,
+        )  # fmt: skip
+        outs[workers] = {
+            p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+        }
+        assert result.reported == {"corrupt_image": 6} and result.converted == 35
+    assert outs[1] == outs[3] and len(outs[1]) == 7  # 5 shards, the report and the map
+    with pytest.raises(ValueError, match="workers=0 must be >= 1"):
+        convert(source=source, out=tmp_path / "none", workers=0)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["r000000001.json", "r000000001.img0.jpg", "a" * 100, "a" * 101, "é图片 (1).png",
+     "x/" + "b" * 120, "k.\udcff.png", "a" * 99 + "é"],
+)  # fmt: skip
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 40_273, 8**11 - 1, 8**11, 2**40])
+def test_the_tar_header_is_tarfiles_byte_for_byte(name, size):
+    import tarfile
+
+    from energon_packing.incoming.tar_writer import ustar_header
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    try:
+        expected = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    except ValueError as e:  # a name USTAR cannot hold: the same refusal
+        with pytest.raises(ValueError, match=str(e)):
+            ustar_header(name, size)
+        return
+    assert ustar_header(name, size) == expected
+
+
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     """Shards with a good image, a cut one, an unlisted cut part, and a broken document."""

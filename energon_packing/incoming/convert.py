@@ -48,7 +48,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +124,7 @@ def convert(
     prepare: bool = True,
     progress: bool = False,
     decode: bool = True,
+    workers: int | None = None,
 ) -> ConvertResult:
     """Converts ``source`` into prepared Energon shards under ``out`` (see the module docstring).
 
@@ -148,6 +152,8 @@ def convert(
         decode: Decode every image and read every video's container header, as the loader
             will (a record whose medium fails is reported under the loader's reason, e.g.
             ``corrupt_image``); off: faster, such faults surface only in the loader.
+        workers: Threads decoding images (``decode``), records written in order all the same;
+            default: the CPUs this process may run on, at most 8; 1: in the calling thread.
 
     Raises:
         ConvertError: Nothing, or less than ``min_converted``, converted (one line: the
@@ -171,6 +177,7 @@ def convert(
         raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
     if not 0 <= min_converted <= 1:
         raise ValueError(f"min_converted={min_converted} must be in [0, 1]")
+    workers = _workers(workers) if decode else 1
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
     check_source(source, val_files)
@@ -182,10 +189,12 @@ def convert(
     )
     created = not out.exists()  # or empty: either way, all in it is this run's
     how = How(format=format, columns=columns, tags=tags)
+    # Pillow decodes without the GIL: threads decode the images of the records ahead
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="decode") if workers > 1 else None
     try:
         result, rejected = _convert(
-            source, out, how, MediaLoader(root, decode=decode), val_fraction, val_files,
-            samples_per_shard, shard_bytes, progress,
+            source, out, how, MediaLoader(root, decode=decode, pool=pool), val_fraction,
+            val_files, samples_per_shard, shard_bytes, progress, 4 * workers if pool else 0,
         )  # fmt: skip
         if not result.converted or result.converted < min_converted * result.read:
             _keep_only_report(out)
@@ -207,12 +216,26 @@ def convert(
     except ConvertError:
         raise
     except BaseException:  # a failed run leaves no half-written folder for the next to refuse
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         if created:
             shutil.rmtree(out, ignore_errors=True)
         else:
             for child in out.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _workers(workers: int | None) -> int:
+    """The decode threads: ``workers``, else the CPUs this process may run on (at most 8)."""
+    if workers is None:
+        return max(1, min(8, len(os.sched_getaffinity(0))))
+    if workers < 1:
+        raise ValueError(f"workers={workers} must be >= 1 (1: decode in the converting thread)")
+    return workers
 
 
 #: What convert writes into OUT: a folder holding only these is an earlier convert's.
@@ -260,7 +283,8 @@ def _keep_only_report(out: Path) -> None:
 
 
 def _convert(
-    source, out, how, load, val_fraction, val_files, samples_per_shard, shard_bytes, progress
+    source, out, how, load, val_fraction, val_files, samples_per_shard, shard_bytes, progress,
+    depth,
 ) -> tuple[ConvertResult, list]:  # fmt: skip
     """Writes the shards, the report and the map; returns the result and the first rejected
     records (for :func:`_why`)."""
@@ -278,15 +302,19 @@ def _convert(
 
         records = tqdm(records, unit=" records", desc=f"convert {source.name}")
     position = 0
+    # records whose images are still being decoded (load.pool), settled and written in order
+    window: deque[tuple] = deque()
     with (
         open(out / REPORT_FILE, "w", encoding="utf-8") as report,
         open(out / MAP_FILE, "w", encoding="utf-8") as mapping,
     ):
-        for file, index, record in records:
-            key = f"r{position:09d}"
-            position += 1
+
+        def settle(file, index, record, position, outcome, checks) -> None:
             try:
-                converted = read_record(record, how, load)
+                if isinstance(outcome, Skip):
+                    raise outcome
+                for check in checks:
+                    check.result()
             except Skip as e:
                 result.reported[e.reason] = result.reported.get(e.reason, 0) + 1
                 line = {"file": file, "index": index, "reason": e.reason, "detail": e.detail}
@@ -295,15 +323,33 @@ def _convert(
                 report.write(json.dumps(line, ensure_ascii=False) + "\n")
                 if len(rejected) < TRIED:
                     rejected.append((file, index, record, e))
-                continue
-            document = json.dumps(converted.document, ensure_ascii=False).encode("utf-8")
-            is_val = file in val_files or _is_val(position - 1, val_fraction)
+                return
+            key = f"r{position:09d}"
+            document = json.dumps(outcome.document, ensure_ascii=False).encode("utf-8")
+            is_val = file in val_files or _is_val(position, val_fraction)
             split = "val" if is_val else "train"
-            splits[split].add(key, {"json": document, **converted.parts})
+            splits[split].add(key, {"json": document, **outcome.parts})
             setattr(result, split, getattr(result, split) + 1)
             result.converted += 1
-            entry = {"file": file, "index": index, "id": _plain(converted.id), "key": key}
+            entry = {"file": file, "index": index, "id": _plain(outcome.id), "key": key}
             mapping.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+        for file, index, record in records:
+            try:
+                outcome = read_record(record, how, load)
+            except Skip as e:
+                outcome = e
+            checks = load.pending()
+            if isinstance(outcome, Skip):
+                for check in checks:  # its other media need no decode
+                    check.cancel()
+                checks = []
+            window.append((file, index, record, position, outcome, checks))
+            position += 1
+            while len(window) > depth:
+                settle(*window.popleft())
+        while window:
+            settle(*window.popleft())
     result.read = position
     for shards in splits.values():
         shards.close()

@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import re
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,30 @@ class MediaLoader:
         decode: Decode every image and read every video's container header (the loader's
             checks); off: an image file whose first bytes show a common format is copied as it
             is, unread.
+        pool: Where images are decoded (threads: Pillow decodes without the GIL): each
+            decode is then a future, collected by :meth:`pending` and settled before the
+            record is written; an image file is then copied by the kernel, as without
+            ``decode``. None: decoded here, before the call returns.
     """
 
-    def __init__(self, root: Path, *, decode: bool = True):
+    def __init__(self, root: Path, *, decode: bool = True, pool: Executor | None = None):
         self.root = root
         self.decode = decode
+        self.pool = pool
+        self._pending: list[Future] = []
         self._no_video_check = False
+
+    def pending(self) -> list[Future]:
+        """The image decodes submitted to ``pool`` since the last call (each raises the
+        record's :class:`Skip` from ``result()``)."""
+        out, self._pending = self._pending, []
+        return out
+
+    def _check(self, data: bytes | Path, what: str, record_id: Any) -> None:
+        if self.pool is None:
+            _verify(data, what, record_id)
+        else:
+            self._pending.append(self.pool.submit(_verify, data, what, record_id))
 
     def __call__(
         self, source: Any, kind: str, *, record_id: Any = None
@@ -92,7 +111,7 @@ class MediaLoader:
         if suffix is None:
             raise Skip("unreadable_image", f"{path or 'the image bytes'} is not an image")
         if self.decode:
-            _verify(data, f"{kind} {path!r}" if path else f"the {kind} bytes", record_id)
+            self._check(data, f"{kind} {path!r}" if path else f"the {kind} bytes", record_id)
         return data, suffix
 
     def _file(self, path: str, kind: str, record_id: Any) -> tuple[bytes | FilePart, str]:
@@ -102,7 +121,9 @@ class MediaLoader:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(_HEAD)
                 suffix = sniff_suffix(head, whole=False)
-                if suffix is not None and not self.decode:
+                if suffix is not None and (not self.decode or self.pool is not None):
+                    if self.decode:  # read again, and decoded, in the pool
+                        self._check(file, f"{kind} file {path!r}", record_id)
                     return FilePart(file, size), suffix
                 data = head + f.read()  # decoded, or another format: Pillow decides
         except FileNotFoundError:
@@ -116,7 +137,7 @@ class MediaLoader:
         if suffix is None:
             raise Skip("unreadable_image", f"{path} is not an image Pillow reads")
         if self.decode:
-            _verify(data, f"{kind} file {path!r}", record_id)
+            self._check(data, f"{kind} file {path!r}", record_id)
         return data, suffix
 
     def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
@@ -195,14 +216,22 @@ _VIDEO_HEAD = 64
 _MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
 
 
-def _verify(data: bytes, what: str, record_id: Any) -> None:
-    """:func:`energon_packing.encoding.images.verify`, its skip naming the medium and record."""
+def _verify(data: bytes | Path, what: str, record_id: Any) -> None:
+    """:func:`energon_packing.encoding.images.verify` of the bytes (or a file's), its skip
+    naming the medium and record."""
     from energon_packing.encoding.images import verify
 
     try:
-        verify(data)
+        verify(data if isinstance(data, bytes) else _read(data))
     except Skip as e:
         raise Skip(e.reason, f"{what}{of(record_id)}: {e.detail}") from None
+
+
+def _read(file: Path) -> bytes:
+    try:
+        return file.read_bytes()
+    except OSError as e:  # it went away since it was opened
+        raise Skip("unreadable_image", f"unreadable ({e.strerror or e})") from None
 
 
 def _refuse_remote(source: Any, kind: str, record_id: Any, root: Path) -> None:

@@ -871,6 +871,13 @@ def _check_media(path: Path, limit: int, *, images: bool, videos: bool) -> list:
     help="Decode every image and read every video's container header, as the loader will "
     "(a corrupt one is reported now, not at training time); --no-decode is faster.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=None,
+    help="Threads decoding images (default: the CPUs convert may run on, at most 8); the "
+    "output is the same for any number.",
+)
 def convert_command(
     source: Path,
     out: Path,
@@ -886,6 +893,7 @@ def convert_command(
     overwrite,
     strict,
     decode,
+    workers,
 ) -> None:
     """Convert LLaVA / ShareGPT / InternVL JSON, messages JSONL (OpenAI, ms-swift,
     LLaMA-Factory, Mantis, qwen-vl-utils, TRL) or a Hugging Face dataset into prepared Energon
@@ -913,6 +921,7 @@ def convert_command(
             overwrite=overwrite,
             progress=True,
             decode=decode,
+            workers=workers,
         )
     except ConvertError as e:
         raise click.ClickException(str(e)) from None
