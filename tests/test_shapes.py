@@ -16,6 +16,7 @@ from helpers import loader_batches
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.incoming.convert import MAP_FILE, REPORT_FILE, ConvertError, convert
+from energon_packing.testing.audio import clip as audio_clip
 
 CLIP = Path(__file__).parent / "data" / "video" / "h264_48x36_10fps_2s.mp4"
 
@@ -62,7 +63,7 @@ def _placed(document: dict, parts: dict[str, bytes]) -> list[tuple[int, str, byt
     for m, message in enumerate(document["messages"]):
         content = message["content"]
         for part in content if isinstance(content, list) else ():
-            if part["type"] in ("image", "video"):
+            if part["type"] in ("image", "video", "audio"):
                 placed.append((m, message["role"], parts[part[part["type"]]]))
     return placed
 
@@ -81,6 +82,12 @@ def corpus(tmp_path_factory):
         (root / "img" / f"{i}.png").write_bytes(data)
     shutil.copyfile(CLIP, root / "clip.mp4")
     clip = CLIP.read_bytes()
+    speech = {
+        suffix: audio_clip(suffix, seconds=0.5, seed=i) for i, suffix in enumerate(("wav", "m4a"))
+    }
+    (root / "speech.wav").write_bytes(speech["wav"])
+    (root / "voice.bin").write_bytes(speech["m4a"])  # named wrong: read by its signature
+    (root / "noise.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot a clip")
     expected: dict[tuple[str, int], object] = {}
 
     # Mantis-Instruct: parquet, `conversation` of role/content beside `images` entries
@@ -139,6 +146,44 @@ def corpus(tmp_path_factory):
             },
             {
                 "messages": [
+                    {"role": "user", "content": [{"type": "audio", "audio": "voice.bin"}]},
+                    {"role": "assistant", "content": "Hi."},
+                    {"role": "user", "content": "And this?"},
+                    {"role": "assistant", "content": "Noise."},
+                ],
+            },
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What do you see and hear?"},
+                    {"role": "assistant", "content": "A shape and a voice."},
+                ],
+                "images": ["img/6.png"],
+                "audios": ["speech.wav"],
+            },
+            {
+                "messages": [
+                    {"role": "user", "content": "<audio>What is this?"},
+                    {"role": "assistant", "content": "Static."},
+                ],
+                "audios": ["noise.wav"],
+            },
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "input_audio",
+                                "input_audio": {"data": "AAAA", "format": "wav"},
+                            },
+                            {"type": "text", "text": "Said?"},
+                        ],
+                    },
+                    {"role": "assistant", "content": "Hi."},
+                ],
+            },
+            {
+                "messages": [
                     {"role": "user", "content": "<image>Find <ref-object>"},
                     {"role": "assistant", "content": "<bbox>"},
                 ],
@@ -164,11 +209,16 @@ def corpus(tmp_path_factory):
     )
     expected["swift.jsonl", 0] = [(3, "user", png[3])]
     expected["swift.jsonl", 1] = [(0, "user", clip)]
-    expected["swift.jsonl", 2] = "unsupported_media"
-    expected["swift.jsonl", 3] = "unsupported_field"
-    expected["swift.jsonl", 4] = "remote_media"
-    expected["swift.jsonl", 5] = [(3, "user", png[5])]  # system, history pair, then the query
-    expected["swift.jsonl", 6] = "empty_conversation"
+    expected["swift.jsonl", 2] = [(0, "user", speech["wav"])]
+    expected["swift.jsonl", 3] = [(0, "user", speech["m4a"])]
+    # no <audio> tag: the clip leads the first user turn, before the placed image
+    expected["swift.jsonl", 4] = [(0, "user", speech["wav"]), (0, "user", png[6])]
+    expected["swift.jsonl", 5] = "audio_unreadable"
+    expected["swift.jsonl", 6] = "unsupported_media"
+    expected["swift.jsonl", 7] = "unsupported_field"
+    expected["swift.jsonl", 8] = "remote_media"
+    expected["swift.jsonl", 9] = [(3, "user", png[5])]  # system, history pair, then the query
+    expected["swift.jsonl", 10] = "empty_conversation"
     (root / "swift_conversation.json").write_text(
         json.dumps(
             [
@@ -333,9 +383,11 @@ def test_every_public_shape_is_converted_with_its_media_in_its_turn_or_reported(
     reported = {
         r["index"]: r for r in _lines(result.out / REPORT_FILE) if r["file"] == "swift.jsonl"
     }
-    assert reported[2]["keys"] == ["messages", "audios"]  # the keys the row has
-    assert reported[4]["detail"].startswith("image https://example.com/cat.png is a URL")
-    assert "'objects' and <bbox>, <ref-object>" in reported[3]["detail"]
+    assert reported[5]["keys"] == ["messages", "audios"]  # the keys the row has
+    assert "audio file 'noise.wav'" in reported[5]["detail"]
+    assert "input_audio" in reported[6]["detail"]
+    assert reported[8]["detail"].startswith("image https://example.com/cat.png is a URL")
+    assert "'objects' and <bbox>, <ref-object>" in reported[7]["detail"]
     documents = _documents(result)
     html = documents["internvl.jsonl", 3][0]
     assert html == {
@@ -344,16 +396,20 @@ def test_every_public_shape_is_converted_with_its_media_in_its_turn_or_reported(
             {"role": "assistant", "content": "Add the loop attribute: <video loop>."},
         ]
     }
-    swift = documents["swift.jsonl", 5][0]["messages"]
+    swift = documents["swift.jsonl", 9][0]["messages"]
     assert [m["role"] for m in swift] == ["system", "user", "assistant", "user", "assistant"]
-    # the real loader: every converted record in exactly one pack, nothing skipped
+    # the real loader: every converted record in exactly one pack; the built-in layout takes
+    # no audio, so exactly the records with clips are skipped, under unsupported_audio
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096)
     keys, skipped = [], []
     for batch in loader_batches(result.out, te, buffer=32):
         keys += [k for pack in batch["source_ids"] for k in pack]
         skipped += batch.get("packing_skipped", [])
-    assert not skipped
-    assert sorted(keys) == sorted(m["key"] for m in _lines(result.out / MAP_FILE))
+    keys_of = {(m["file"], m["index"]): m["key"] for m in _lines(result.out / MAP_FILE)}
+    with_audio = {keys_of[w] for w, (d, _) in documents.items() if d.get("audios")}
+    assert len(with_audio) == 3
+    assert sorted(map(tuple, skipped)) == sorted((k, "unsupported_audio") for k in with_audio)
+    assert sorted(keys) == sorted(set(keys_of.values()) - with_audio)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ refuses, ``corrupt_image``, is reported here, with the record's id and the path)
 copied into the shard by the kernel as it is. A video is never decoded: its first bytes must
 start a video container, and with ``decode`` its container header is read as the loader will
 (:func:`energon_packing.media.video.probe`, PyAV; without PyAV that step is skipped, logged once).
+An audio clip is recognised by its signature (else its name) and, with ``decode``, its length is
+read as the loader will (:func:`energon_packing.encoding.audio.length`: ``audio_unreadable``,
+``audio_no_stream``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from energon_packing.encoding.audio import AUDIO_SUFFIXES
 from energon_packing.encoding.images import VIDEO_SUFFIXES
 from energon_packing.errors import Skip
 
@@ -93,6 +97,8 @@ class MediaLoader:
         _refuse_remote(source, kind, record_id, self.root)
         if kind == "video":
             return self._video(source, record_id)
+        if kind == "audio":
+            return self._audio(source, record_id)
         path = None
         if isinstance(source, dict):  # a datasets Image entry
             data, path = source.get("bytes"), source.get("path")
@@ -169,6 +175,55 @@ class MediaLoader:
         what = f"the video bytes{f' of {name!r}' if name else ''}{of(record_id)}"
         suffix = _video_suffix(name or "", data[:_VIDEO_HEAD], len(data), what)
         self._probe(data, what)
+        return data, suffix
+
+    def _audio(self, source: Any, record_id: Any) -> tuple[bytes, str]:
+        """A clip's bytes and its part suffix (from its signature, else its name); with
+        ``decode``, its length read as the loader will (the header where exact, else a
+        decode): an unreadable clip is reported now, not skipped at training time."""
+        name = None
+        if isinstance(source, dict):  # a datasets Audio entry
+            data, name = source.get("bytes"), source.get("path")
+            if data is None and name is None:
+                raise Skip(
+                    "missing_audio", f"an audio entry with neither bytes nor path{of(record_id)}"
+                )
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        elif isinstance(source, str):
+            data = data_uri(source)
+            name = None if data is not None else source.removeprefix("file://")
+        else:
+            raise Skip(
+                "malformed_record", f"an audio clip given as {type(source).__name__}{of(record_id)}"
+            )
+        what = f"audio {'file ' + repr(name) if name else 'bytes'}{of(record_id)}"
+        if data is None:
+            file = Path(name) if Path(name).is_absolute() else self.root / name
+            try:
+                data = file.read_bytes()
+            except FileNotFoundError:
+                raise Skip(
+                    "missing_audio",
+                    f"{what} not found at {file}: put it there, or pass --media-root the "
+                    "folder the record's paths are relative to",
+                ) from None
+            except OSError as e:
+                raise Skip("audio_unreadable", f"{what}: {e.strerror or e}") from None
+        suffix = audio_suffix(data) or suffix_of(name or "")
+        if suffix.lstrip(".") not in AUDIO_SUFFIXES:
+            raise Skip(
+                "audio_unreadable",
+                f"{what} is no {', '.join(sorted(AUDIO_SUFFIXES))} clip ({len(data):,} bytes "
+                f"starting {data[:12]!r}); convert it to one of them (e.g. ffmpeg -i IN OUT.flac)",
+            )
+        if self.decode:
+            from energon_packing.encoding.audio import length
+
+            try:
+                length(data)
+            except Skip as e:
+                raise Skip(e.reason, f"{what}: {e.detail}") from None
         return data, suffix
 
     def _video_file(self, path: str, record_id: Any) -> tuple[FilePart, str]:
@@ -351,6 +406,22 @@ def sniff_suffix(data: bytes, *, whole: bool = True) -> str | None:
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None
     return {"jpeg": ".jpg", "tiff": ".tif"}.get(fmt, f".{fmt}" if fmt else ".bin")
+
+
+def audio_suffix(head: bytes) -> str | None:
+    """An audio clip's part suffix by its signature (WAV, FLAC, MP3, Ogg Vorbis / Opus, M4A),
+    None where it shows none of them."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return ".wav"
+    if head[:4] == b"fLaC":
+        return ".flac"
+    if head[:4] == b"OggS":
+        return ".opus" if b"OpusHead" in head[:64] else ".ogg"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return ".mp3"
+    if head[4:8] == b"ftyp":
+        return ".m4a"
+    return None
 
 
 def suffix_of(path: str) -> str:

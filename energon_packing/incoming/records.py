@@ -22,10 +22,14 @@ Content is carried, never invented: no system prompt is added, ``human`` -> ``us
 ``assistant``, each image stays in the turn that names it (``<image>`` placeholders become image
 parts in place; a record with images but no placeholder gets them at the start of its first
 user turn, where LLaVA's own preprocessing puts them), image bytes are copied as they are. What
-we do not pack is reported, never dropped from a record that is then packed without it: audio
-(``unsupported_media``), ms-swift's grounding ``objects`` and their ``<ref-object>`` /
-``<bbox>`` tags, tool turns (``unsupported_field``), media behind a URL (``remote_media``).
-``<video>`` (``<audio>``) in a record that lists no video (audio) is text: an HTML question.
+we do not pack is reported, never dropped from a record that is then packed without it:
+ms-swift's grounding ``objects`` and their ``<ref-object>`` / ``<bbox>`` tags, tool turns
+(``unsupported_field``), media behind a URL (``remote_media``), OpenAI's ``input_audio`` /
+``audio_url`` parts (``unsupported_media``: write the clip to a file and name it).
+Audio clips (ms-swift's / LLaMA-Factory's ``audios`` with ``<audio>`` tags, ``{"type": "audio",
+"audio": path}`` parts) are carried as images are; unplaced clips lead the first user turn after
+its videos and images. ``<video>`` (``<audio>``) in a record that lists no video (audio) is
+text: an HTML question.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ REPORT_REASONS = (
     "unreadable_image",
     "missing_video",
     "unreadable_video",
+    "missing_audio",
     "remote_media",
     "unsupported_media",
     "unsupported_field",
@@ -83,7 +88,10 @@ REPORT_REASONS = (
 
 IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
 
-_PLACEHOLDERS = {"image": IMAGE, "video": VIDEO}
+KINDS = ("image", "video", "audio")
+_PLACEHOLDERS = {"image": IMAGE, "video": VIDEO, "audio": AUDIO}
+#: a part name's stem per kind (``img0.jpg``, ``vid0.mp4``, ``aud0.wav``)
+_STEMS = {"image": "img", "video": "vid", "audio": "aud"}
 
 #: ms-swift's grounding tags, filled from its ``objects`` field.
 _GROUNDING = re.compile(r"<ref-object>|<bbox>")
@@ -122,18 +130,17 @@ def _has(record: Any) -> str:
 
 
 class _Media:
-    """Collects a record's images and videos as parts, in order of first use."""
+    """Collects a record's images, videos and audio clips as parts, in order of first use."""
 
     def __init__(self, load: Callable[[Any, str], tuple[bytes, str]]):
         self.load = load
         self.parts: dict[str, bytes] = {}
-        self.images: list[str] = []
-        self.videos: list[str] = []
+        self.names: dict[str, list[str]] = {kind: [] for kind in KINDS}
 
     def add(self, source: Any, kind: str) -> str:
         data, suffix = self.load(source, kind)
-        names = self.images if kind == "image" else self.videos
-        name = f"{'img' if kind == 'image' else 'vid'}{len(names)}{suffix}"
+        names = self.names[kind]
+        name = f"{_STEMS[kind]}{len(names)}{suffix}"
         names.append(name)
         self.parts[name] = data
         return name
@@ -172,20 +179,20 @@ class _Listed:
 
 def _pattern(queue: dict[str, _Listed]) -> re.Pattern:
     """The placeholders of a record: ``<image>`` always (one without an image is an error, as
-    in the loader), ``<video>`` only where videos are listed (else it is text)."""
-    kinds = [IMAGE] + ([VIDEO] if queue["video"].items else [])
+    in the loader), ``<video>`` / ``<audio>`` only where videos / clips are listed (else text)."""
+    kinds = [IMAGE] + [_PLACEHOLDERS[k] for k in ("video", "audio") if queue[k].items]
     return re.compile("(" + "|".join(map(re.escape, kinds)) + ")")
 
 
 def _split(text: str, queue: dict[str, _Listed], media: _Media) -> list[dict] | str:
-    """A text with placeholders -> parts (image/video parts in place), or the text itself."""
+    """A text with placeholders -> parts (media parts in place), or the text itself."""
     pattern = _pattern(queue)
     if not pattern.search(text):
         return text
     parts: list[dict] = []
     for piece in pattern.split(text):
-        if piece in (IMAGE, VIDEO):
-            kind = "image" if piece == IMAGE else "video"
+        kind = next((k for k, tag in _PLACEHOLDERS.items() if piece == tag), None)
+        if kind is not None:
             if not queue[kind].left():
                 raise Skip(
                     "malformed_record", f"more {piece} placeholders than {kind}s in the record"
@@ -196,10 +203,18 @@ def _split(text: str, queue: dict[str, _Listed], media: _Media) -> list[dict] | 
     return parts
 
 
-def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Media) -> list[dict]:
+def _queues(listed_media: dict[str, list]) -> dict[str, _Listed]:
+    return {kind: _Listed(listed_media.get(kind, []), kind) for kind in KINDS}
+
+
+#: the order unplaced media lead the first user turn in
+_LEAD = ("video", "image", "audio")
+
+
+def _turns(turns: list[tuple[str, str]], listed_media: dict[str, list], media: _Media) -> list:
     """Role/text turns with their placeholders resolved; unplaced media go first in the first
     user turn (LLaVA's rule), in the order listed."""
-    queue = {"image": _Listed(images, "image"), "video": _Listed(videos, "video")}
+    queue = _queues(listed_media)
     pattern = _pattern(queue)
     counts = {
         kind: sum(pattern.findall(text).count(_PLACEHOLDERS[kind]) for _, text in turns)
@@ -215,19 +230,19 @@ def _turns(turns: list[tuple[str, str]], images: list, videos: list, media: _Med
     messages = []
     for role, text in turns:
         content: Any = _split(text, queue, media)
-        if role == "user" and (lead["image"] or lead["video"]):
+        if role == "user" and any(lead.values()):
             first = [
                 {"type": kind, kind: media.add(source, kind)}
-                for kind in ("video", "image")
+                for kind in _LEAD
                 for source in lead[kind]
             ]
-            lead = {"image": [], "video": []}
+            lead = {kind: [] for kind in KINDS}
             text_parts = (
                 [{"type": "text", "text": content}] if isinstance(content, str) else content
             )
             content = first + [p for p in text_parts if p.get("text") != ""]
         messages.append({"role": role, "content": content})
-    if lead["image"] or lead["video"]:
+    if any(lead.values()):
         raise Skip("malformed_record", "media but no user turn to put them in")
     return messages
 
@@ -263,8 +278,8 @@ def _content(content: Any, queue: dict[str, _Listed], media: _Media) -> Any:
         if kind == "text":
             pieces = _split(str(part.get("text", "")), queue, media)
             out += [{"type": "text", "text": pieces}] if isinstance(pieces, str) else pieces
-        elif kind in ("image", "image_url", "video"):
-            media_kind = "video" if kind == "video" else "image"
+        elif kind in ("image", "image_url", "video", "audio"):
+            media_kind = "image" if kind == "image_url" else kind
             source = _part_source(part, kind)
             if (
                 source is None and part.get("index") is not None
@@ -288,20 +303,20 @@ def _references(contents: list) -> int:
         for part in parts:
             if not isinstance(part, dict):
                 continue
-            if part.get("type") in ("image", "image_url", "video"):
+            if part.get("type") in ("image", "image_url", "video", "audio"):
                 count += 1
             elif isinstance(part.get("text"), str):
-                count += part["text"].count(IMAGE) + part["text"].count(VIDEO)
+                count += sum(part["text"].count(tag) for tag in _PLACEHOLDERS.values())
     return count
 
 
-def _conversation(turns: list[tuple[str, Any]], images: list, videos: list, media: _Media):
+def _conversation(turns: list[tuple[str, Any]], listed_media: dict[str, list], media: _Media):
     """Turns of string or parts content -> our messages, every listed medium placed once."""
     if all(isinstance(content, str) for _, content in turns):
-        return _turns(turns, images, videos, media)
+        return _turns(turns, listed_media, media)
     if not _references([content for _, content in turns]):
-        return _unreferenced(turns, images, videos, media)
-    queue = {"image": _Listed(images, "image"), "video": _Listed(videos, "video")}
+        return _unreferenced(turns, listed_media, media)
+    queue = _queues(listed_media)
     out = [{"role": role, "content": _content(content, queue, media)} for role, content in turns]
     for kind, refs in queue.items():
         if refs.left():
@@ -309,10 +324,10 @@ def _conversation(turns: list[tuple[str, Any]], images: list, videos: list, medi
     return out
 
 
-def _unreferenced(turns: list, images: list, videos: list, media: _Media) -> list[dict]:
+def _unreferenced(turns: list, listed_media: dict[str, list], media: _Media) -> list[dict]:
     """Parts content with no media reference: listed media lead the first user turn."""
-    lead = [("video", v) for v in videos] + [("image", i) for i in images]
-    empty = {"image": _Listed([], "image"), "video": _Listed([], "video")}
+    lead = [(kind, m) for kind in _LEAD for m in listed_media.get(kind, [])]
+    empty = _queues({})
     out = []
     for role, content in turns:
         content = _content(content, empty, media)
@@ -339,7 +354,7 @@ def _cauldron(record: dict, media: _Media) -> list[dict]:
     if not turns:
         raise Skip("empty_conversation", "'texts' is empty: no turn to train on")
     # no placeholders (the_cauldron writes none): every image leads the first user turn
-    return _turns(turns, listed(record.get("images"), "images"), [], media)
+    return _turns(turns, {"image": listed(record.get("images"), "images")}, media)
 
 
 def _texts(record: dict) -> Iterator[str]:
@@ -369,16 +384,15 @@ def _parts(record: dict) -> Iterator[dict]:
 
 
 def _refuse_unsupported(record: dict) -> None:
-    """Audio and grounding: reported, never packed without them (a model trained to answer a
-    clip it never hears, or to write tags filled from a field it never saw)."""
-    audios = _media_list(record, "audios", "audio")
-    kinds = [p.get("type") for p in _parts(record)]
-    if audios or any(k in ("audio", "input_audio", "audio_url") for k in kinds):
-        what = f"{len(audios)} audio(s) ({str(audios[0])[:80]!r}...)" if audios else "audio parts"
+    """Inline audio and grounding: reported, never packed without them (a model trained to
+    answer a clip it never hears, or to write tags filled from a field it never saw)."""
+    inline = sorted({p.get("type") for p in _parts(record)} & {"input_audio", "audio_url"})
+    if inline:
         raise Skip(
             "unsupported_media",
-            f"the record carries {what}: audio is not packed yet, and without it the answer "
-            "would be trained on sound the model never hears; convert it once audio is supported",
+            f"the record carries {' and '.join(inline)} parts: convert reads audio from files "
+            "(an 'audios' list or {'type': 'audio', 'audio': PATH} parts); write each clip to "
+            "a file under --media-root and name it there",
         )
     objects = record.get("objects")
     tags = sorted({t for text in _texts(record) for t in _GROUNDING.findall(text)})
@@ -404,30 +418,32 @@ def to_document(record: Any, fmt: str, load: Callable[[Any, str], tuple[bytes, s
         raise ValueError(f"format={fmt!r}; choose one of {', '.join(FORMATS)} or auto")
     _refuse_unsupported(record)
     media = _Media(load)
-    images = _media_list(record, "image", "images")
-    videos = _media_list(record, "video", "videos")
+    listed_media = {
+        "image": _media_list(record, "image", "images"),
+        "video": _media_list(record, "video", "videos"),
+        "audio": _media_list(record, "audio", "audios"),
+    }
     key = turn_key(record)
     if fmt == "hf" and "texts" in record and key is None:
         messages = _cauldron(record, media)
     elif key is not None and fmt != "alpaca":
         turns = with_system(record, read_turns(record.get(key), key=key))
-        messages = _conversation(turns, images, videos, media)
+        messages = _conversation(turns, listed_media, media)
     elif fmt in ("swift", "alpaca") and (
         ("query" in record or "response" in record)
         if fmt == "swift"
         else ("instruction" in record or "output" in record)
     ):
         prompt, answer = ("query", "response") if fmt == "swift" else ("instruction", "output")
-        messages = _turns(pairs(record, prompt, answer), images, videos, media)
+        messages = _turns(pairs(record, prompt, answer), listed_media, media)
     else:
         raise Skip("malformed_record", f"{_has(record)}; --format {fmt} reads {NEEDS[fmt]}")
     if not messages:
         raise Skip("empty_conversation", "no turns")
     document: dict[str, Any] = {"messages": messages}
-    if media.images:
-        document["images"] = media.images
-    if media.videos:
-        document["videos"] = media.videos
+    for kind, key in (("image", "images"), ("video", "videos"), ("audio", "audios")):
+        if media.names[kind]:
+            document[key] = media.names[kind]
     for name in ("loss_weight",):
         if name in record:
             document[name] = record[name]
