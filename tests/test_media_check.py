@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,42 @@ def test_stats_writes_every_skipped_key_with_its_reason(faulty, tmp_path):
     # stats reads headers, never pixels: the cut image is the loader's to find
     assert rows == [("broken", "malformed_json")]
     assert f"1 skipped key(s) with their reasons in {skips}" in result.output
+
+
+def test_check_reads_every_audio_part_as_the_loader_will(tmp_path):
+    """Every audio part's length is read (``encoding.audio.length``): a clip that is no
+    audio container, and one with no audio stream, are listed under the loader's reasons;
+    ``--no-audio`` leaves them unread."""
+    pytest.importorskip("av")
+    from energon_packing.testing.audio import clip
+
+    def doc(name):
+        return json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "audio", "audio": name}]},
+                    {"role": "assistant", "content": "Heard."},
+                ],
+                "audios": [name],
+            }
+        )
+
+    # an MP4 with a video stream only
+    silent_video = (Path(__file__).parent / "data/video/h264_48x36_10fps_2s.mp4").read_bytes()
+    samples = [
+        raw_sample("good", doc("a.flac"), {"a.flac": clip("flac", seconds=0.3)}),
+        raw_sample("lossy", doc("a.opus"), {"a.opus": clip("opus", seconds=0.3)}),
+        raw_sample("noise", doc("a.wav"), {"a.wav": b"RIFF\0\0\0\0WAVE not a clip"}),
+        raw_sample("mute", doc("a.m4a"), {"a.m4a": silent_video}),
+    ]
+    root = make_dataset(tmp_path / "ds", [], raw=samples)
+    skips = tmp_path / "skips.jsonl"
+    result = run("check", root, "--skips", skips)
+    assert result.exit_code == 1, result.output
+    assert "4 audio parts" in result.output and "2 unreadable" in result.output
+    rows = sorted((r["key"], r["reason"]) for r in map(json.loads, skips.open()))
+    assert rows == [("mute", "audio_no_stream"), ("noise", "audio_unreadable")]
+
+    unread = run("check", root, "--no-audio")
+    assert unread.exit_code == 0, unread.output
+    assert "audio parts" not in unread.output

@@ -7,7 +7,9 @@ is decoded (:func:`energon_packing.encoding.images.verify`; ``corrupt_image``: a
 a body that is no image behind a JPEG's first bytes), a video's container header read
 (:func:`energon_packing.media.video.probe`: the stream, its rate and size, the packets that
 decode; no frame is decoded; ``video_unreadable``, ``video_no_stream``, ``video_empty``,
-``unsupported_video`` without PyAV). Each one the loader would skip is named with its shard,
+``unsupported_video`` without PyAV), an audio clip's length read as the loader reads it
+(:func:`energon_packing.encoding.audio.length`: its header where exact, else a decode;
+``audio_unreadable``, ``audio_no_stream``). Each one the loader would skip is named with its shard,
 offset and key before a run starts; each costs its conversation only (the loader skips it and
 counts the reason).
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from energon_packing.encoding.audio import may_be_audio
 from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import Skip
 from energon_packing.incoming.shards import Finding, shard_paths
@@ -30,12 +33,13 @@ __all__ = ["MediaScan", "scan_media"]
 
 @dataclass(kw_only=True, slots=True)
 class MediaScan:
-    """What the media pass read: image and video parts, their bytes, and the ones the loader
-    would skip (``Finding`` with the loader's reason; ``lost`` is False: the skip report has
-    them)."""
+    """What the media pass read: image, video and audio parts, their bytes, and the ones the
+    loader would skip (``Finding`` with the loader's reason; ``lost`` is False: the skip report
+    has them)."""
 
     images: int = 0
     videos: int = 0
+    audios: int = 0
     bytes: int = 0
     findings: list[Finding] = field(default_factory=list)
 
@@ -45,22 +49,28 @@ def scan_media(
     *,
     images: bool = True,
     videos: bool = True,
+    audios: bool = True,
     shards: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> MediaScan:
-    """Decodes every image part and reads the header of every video part (``.mp4 .m4v .mkv
-    .webm .mov .avi``) of a dataset folder's shards.
+    """Decodes every image part, reads the header of every video part (``.mp4 .m4v .mkv
+    .webm .mov .avi``) and the length of every audio part (``.wav .flac .mp3 .ogg .opus
+    .m4a``) of a dataset folder's shards.
 
     Args:
         path: The dataset folder.
-        images, videos: Which parts to read.
+        images, videos, audios: Which parts to read.
         shards: Shard paths relative to ``path``; default: those ``energon prepare`` finds.
         progress: Called with each part's size in bytes, after it is read.
 
     Raises:
-        ImportError: ``videos`` and PyAV (the ``[video]`` extra) is not installed.
+        ImportError: ``videos`` or ``audios`` and PyAV (the ``[video]`` extra) is not installed.
     """
+    from energon_packing.encoding.audio import length
     from energon_packing.encoding.images import verify
+
+    if audios:
+        import av  # noqa: F401  (PyAV: the [video] extra; without it every clip reads as unreadable)
 
     probe = None
     if videos:
@@ -74,7 +84,9 @@ def scan_media(
         try:
             with tarfile.open(root / name, "r:") as tar:
                 for key, members in _samples(tar):
-                    for member, check in _media(tar, key, members, images=images, videos=videos):
+                    for member, check in _media(
+                        tar, key, members, images=images, videos=videos, audios=audios
+                    ):
                         data = tar.extractfile(member).read()
                         scan.bytes += len(data)
                         try:
@@ -82,6 +94,9 @@ def scan_media(
                                 scan.videos += 1
                                 if not probe(data).frames:
                                     raise Skip("video_empty", "the video stream holds no frame")
+                            elif check == "audio":
+                                scan.audios += 1
+                                length(data)
                             else:
                                 scan.images += 1
                                 verify(data)
@@ -119,8 +134,11 @@ def _samples(tar: tarfile.TarFile):
         yield key, members
 
 
-def _media(tar: tarfile.TarFile, key: str, members: list, *, images: bool, videos: bool):
-    """``(member, "image" | "video")`` for the parts the loader decodes: the video parts, and
+def _media(
+    tar: tarfile.TarFile, key: str, members: list, *, images: bool, videos: bool, audios: bool
+):
+    """``(member, "image" | "video" | "audio")`` for the parts the loader decodes: the video and
+    audio parts, and
     the image parts the sample's document lists under ``images`` (a part it does not list is
     never decoded; a document that does not parse is the loader's ``malformed_json``)."""
     parts = {m.name[len(key) + 1 :]: m for m in members}
@@ -134,7 +152,8 @@ def _media(tar: tarfile.TarFile, key: str, members: list, *, images: bool, video
     for part in dict.fromkeys(p for p in listed if isinstance(p, str)):
         if part in parts and may_be_image(part) and not may_be_video(part):
             yield parts[part], "image"
-    if videos:
-        for part, member in parts.items():
-            if may_be_video(part):
-                yield member, "video"
+    for part, member in parts.items():
+        if videos and may_be_video(part):
+            yield member, "video"
+        elif audios and may_be_audio(part):
+            yield member, "audio"

@@ -718,11 +718,21 @@ def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
     help="Also read every video part's container header (its bytes are read, no frame is "
     "decoded): a clip the loader would skip is listed before training.",
 )
+@click.option(
+    "--audio/--no-audio",
+    default=True,
+    show_default=True,
+    help="Also read every audio part's length as the loader will (the header where exact, "
+    "else a decode): a clip the loader would skip is listed before training.",
+)
 @click.option("--skips", type=click.Path(dir_okay=False, path_type=Path), help=_SKIPS_HELP)
-def check(path: Path, limit: int, decode: bool, videos: bool, skips: Path | None) -> None:
+def check(
+    path: Path, limit: int, decode: bool, videos: bool, audio: bool, skips: Path | None
+) -> None:
     """Read every tar header of every shard under PATH; list what Energon or WebDataset would
-    drop, with shard, offset, key and reason, and every image that does not decode and every
-    video whose header does not read. Exits 1 when anything would be lost or skipped."""
+    drop, with shard, offset, key and reason, and every image that does not decode, every
+    video whose header does not read and every audio clip that does not read. Exits 1 when
+    anything would be lost or skipped."""
     from energon_packing.incoming.shards import scan_dataset, shard_paths
     from energon_packing.tools.report import format_scan
 
@@ -731,7 +741,7 @@ def check(path: Path, limit: int, decode: bool, videos: bool, skips: Path | None
     start = time.perf_counter()
     scan = scan_dataset(path)
     click.echo(format_scan(scan, seconds=time.perf_counter() - start, limit=limit))
-    unreadable = _check_media(path, limit, images=decode, videos=videos)
+    unreadable = _check_media(path, limit, images=decode, videos=videos, audios=audio)
     if skips is not None:
         _write_skips(
             skips,
@@ -776,29 +786,29 @@ def _write_skips(file: Path, rows) -> None:
     click.echo(f"{count:,} skipped key(s) with their reasons in {file}")
 
 
-def _check_media(path: Path, limit: int, *, images: bool, videos: bool) -> list:
+def _check_media(path: Path, limit: int, *, images: bool, videos: bool, audios: bool) -> list:
     """``check``'s media pass (:func:`energon_packing.incoming.media_check.scan_media`): prints
-    what it read and the images and videos the loader would skip; returns those."""
-    if not images and not videos:
+    what it read and the images, videos and clips the loader would skip; returns those."""
+    if not images and not videos and not audios:
         return []
     from energon_packing.incoming.media_check import scan_media
 
     start = time.perf_counter()
     try:
-        found = scan_media(path, images=images, videos=videos)
+        found = scan_media(path, images=images, videos=videos, audios=audios)
     except ImportError as e:  # PyAV: the [video] extra
         click.echo(
-            f"\nvideo headers not read ({e}); pip install 'av>=14' (the [video] extra: "
-            "pip install '.[video]' in the checkout, or the built wheel with [video])"
+            f"\nvideo headers and audio lengths not read ({e}); pip install 'av>=14' (the "
+            "[video] extra: pip install '.[video]' in the checkout, or the built wheel with "
+            "[video])"
         )
         if not images:
             return []
-        found = scan_media(path, images=True, videos=False)
-    if not found.images and not found.videos:
+        found = scan_media(path, images=True, videos=False, audios=False)
+    counts = ((found.images, "image"), (found.videos, "video"), (found.audios, "audio"))
+    if not any(n for n, _ in counts):
         return []
-    what = " and ".join(
-        f"{n:,} {kind} parts" for n, kind in ((found.images, "image"), (found.videos, "video")) if n
-    )
+    what = " and ".join(f"{n:,} {kind} parts" for n, kind in counts if n)
     click.echo(
         f"\n{what} ({found.bytes / 1e6:,.1f} MB) read in {time.perf_counter() - start:.1f} s: "
         + (f"{len(found.findings):,} unreadable" if found.findings else "every one reads")
