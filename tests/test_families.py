@@ -696,6 +696,35 @@ def test_a_pack_takes_one_image_processor_call_and_a_bad_member_costs_only_itsel
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_an_older_releases_expansion_rule_is_the_public_one_where_both_exist(family):
+    """``Family.expansion`` (what the processor path uses where the installed processor has no
+    public ``replace_image_token``; the ``processor_media`` tests prove it against that
+    release's own ``__call__`` on the older CI stacks) gives, on a release that has both, what
+    the processor's own ``replace_image_token`` gives, per image of fuzzed sizes."""
+    from energon_packing.encoding import hf_compat
+    from energon_packing.encoding.families import family_of
+
+    processor = build(family, model=False)[0]
+    rules = family_of(processor)
+    assert rules.expansion is not None, f"{family}: no rule for releases before the public API"
+    if not hf_compat.processor_media_api(processor):
+        pytest.skip(f"transformers {transformers.__version__}: {family} has no public expansion")
+    try:
+        rules.expansion(processor, rules.replacement_inputs(processor, [[(64, 64)]]), 0)
+    except hf_compat.TransformersCompatError as e:  # the older release's helper is gone
+        pytest.skip(str(e))
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        sizes = [(int(rng.integers(20, 900)), int(rng.integers(20, 900))) for _ in range(3)]
+        for per_text in ([sizes[0]], sizes):
+            inputs = rules.replacement_inputs(processor, [per_text])
+            for i in range(len(per_text)):
+                expected = processor.replace_image_token(inputs, i)
+                assert rules.expansion(processor, inputs, i) == expected, (family, per_text, i)
+    assert getattr(processor, rules.placeholder) == processor.image_token
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_tokenizer_backend_called_directly_gives_the_tokenizers_ids(family):
     """The encode path calls the ``tokenizers`` backend as the fast tokenizer's ``__call__``
     does, without its conversions: the same ids and offsets on any text (special tokens,

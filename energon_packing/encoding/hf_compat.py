@@ -63,11 +63,14 @@ ALPHA_ON_WHITE_SINCE = (5, 21, 0)
 GEMMA3_WINDOW_CUTS_BLOCKS_SINCE = (5, 13, 0)
 #: ``ProcessorMixin.replace_image_token`` / ``get_text_with_replacements`` (a processor's
 #: placeholder expansion as public methods; before, each processor expanded inside its
-#: ``__call__``) and ``image_token_ids``: released in 5.10.0. The processor path needs them.
+#: ``__call__``) and ``image_token_ids``: released in 5.10.0. The processor path calls them
+#: where the processor has them; before, each family's rule of the release's ``__call__``.
 PROCESSOR_MEDIA_SINCE = (5, 10, 0)
 #: Gemma 3's, SmolVLM's and LLaVA-OneVision's processors define their own
-#: ``replace_image_token`` since 5.15.0 (Qwen's and Idefics3's since 5.10.0); before, the
-#: ``ProcessorMixin`` one raises ``NotImplementedError``.
+#: ``replace_image_token`` since 5.15.0 (Qwen's and Idefics3's since 5.10.0; LLaVA-NeXT's and
+#: InternVL's after 5.12.1 too); before, the ``ProcessorMixin`` one raises
+#: ``NotImplementedError``, and the processor path uses the family's rule of that release
+#: (``families.Family.expansion``).
 LATER_PROCESSOR_MEDIA_SINCE = (5, 15, 0)
 #: Qwen2-VL's and Qwen2.5-VL's ``get_vision_position_ids`` gives a video's frames their own
 #: temporal index since 5.6.0; 5.5.x gives all frames the start position times the interval

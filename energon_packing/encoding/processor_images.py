@@ -49,6 +49,9 @@ class ImageSide:
         self.images_kwargs = hf_compat.merged_images_kwargs(processor)
         unused = set(getattr(processor, "unused_input_names", None) or ())
         names = processor.image_processor.model_input_names
+        if not hasattr(processor, "unused_input_names"):  # older releases: the processor's own list
+            declared = set(getattr(processor, "model_input_names", None) or names)
+            unused = {n for n in names if n not in declared}  # Gemma 3's num_crops
         self.fields = tuple(n for n in names if n not in unused)
         returns_types = hf_compat.returns_mm_token_types(processor)
         self.token_types = family.token_types if returns_types else None
