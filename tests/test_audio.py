@@ -270,19 +270,32 @@ def test_audio_skip_reasons():
         assert _skips(te, "x", doc("a.wav"), {"a.wav": wav}) == {"unsupported_audio": 1}
 
 
-def test_unsupported_audio_names_the_families_that_take_it(caplog):
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled")
-    document = {
-        "messages": [
-            {"role": "user", "content": "<audio>What?"},
-            {"role": "assistant", "content": "ok"},
-        ],
-        "audios": ["a.wav"],
-    }
-    with caplog.at_level("INFO"), contextlib.suppress(SkipSample):
-        te.encode_sample(conversation_sample("k", document, {"a.wav": clip("wav", seconds=0.3)}))
-    assert te.stats.skipped == {"unsupported_audio": 1}
-    assert "qwen2_5_omni" in caplog.text
+@pytest.mark.parametrize("layout", ["builtin", "qwen2_vl"])
+def test_unsupported_audio_names_the_families_that_take_it(layout):
+    from energon_packing.errors import Skip
+
+    source = (
+        {"tokenizer": "bundled"}
+        if layout == "builtin"
+        else {"processor": build(layout, model=False)[0]}
+    )
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, **source)
+    with pytest.raises(Skip) as found:
+        te.chat.encode(
+            key="k",
+            messages=[
+                {"role": "user", "content": "<audio>What?"},
+                {"role": "assistant", "content": "ok"},
+            ],
+            image_names=[],
+            images={},
+            audio_names=["a.wav"],
+            audios={"a.wav": clip("wav", seconds=0.3)},
+            loss_weight=1.0,
+            config=te.config,
+        )
+    assert found.value.reason == "unsupported_audio"
+    assert all(name in found.value.detail for name in AUDIO_FAMILIES), found.value.detail
 
 
 def test_audio_placeholder_without_audios_is_text():
@@ -413,3 +426,61 @@ def test_an_omni_family_through_its_processor_and_the_loader(audio_dataset, fami
         assert clip_row == (len(inputs["input_features"]) if "input_features" in inputs else 0)
     assert sorted(seen) == sorted(BY_KEY) and not te.stats.skipped
     assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
+
+
+# ---- a mixed epoch -------------------------------------------------------------------------
+
+
+def _faulty() -> list[tuple[str, dict, dict, str]]:
+    """(key, document, parts, reason) of conversations whose audio cannot be packed."""
+
+    def doc(name, content=None):
+        return {
+            "messages": [
+                {"role": "user", "content": content or [{"type": "audio", "audio": name}]},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "audios": [name],
+        }
+
+    return [
+        ("no_part", doc("gone.wav"), {}, "missing_audio"),
+        ("garbage", doc("bad.wav"), {"bad.wav": b"RIFF....WAVEfmt nonsense"}, "audio_unreadable"),
+        ("silent_video", doc("v.m4a"), {"v.m4a": VIDEO.read_bytes()}, "audio_no_stream"),
+        ("too_long", doc("long.flac"), {"long.flac": clip("flac", seconds=7.0)}, "audio_too_long"),
+        (
+            "unreferenced",
+            doc("x.wav", content="No clip here."),
+            {"x.wav": clip("wav", seconds=0.2)},
+            "placeholder_mismatch",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_mixed_epoch_puts_every_conversation_in_one_pack_or_the_skip_report(tmp_path, workers):
+    """Text, images and audio with faulty clips, through the real loader: each conversation
+    lands in exactly one pack, or in the skip report under its exact reason."""
+    import json
+
+    from energon_packing.schema import PACKING_SKIPPED
+
+    faulty = _faulty()
+    raw = [
+        {"__key__": key, "json": json.dumps(document).encode(), **parts}
+        for key, document, parts, *_ in [*CONVERSATIONS, *faulty]
+    ]
+    path = make_dataset(tmp_path, [], raw=raw)
+    te = PackingTaskEncoder(
+        max_input_seq_length=CAPACITY,
+        processor=build("qwen2_5_omni", model=False)[0],
+        max_audio_seconds=5.0,
+    )
+    packed, skipped = [], {}
+    for batch in loader_batches(path, te, buffer=4, workers=workers):
+        packed += [key for row in batch["source_ids"] for key in row]
+        for key, reason in batch[PACKING_SKIPPED]:
+            assert key not in skipped, key
+            skipped[key] = reason
+    assert sorted(packed) == sorted(BY_KEY)
+    assert skipped == {key: reason for key, _, _, reason in faulty}

@@ -219,8 +219,10 @@ def test_formats_are_tried_in_the_order_a_fresh_image_open_tries_them():
 def test_part_names_are_any_name_but_text_and_media():
     for name in ("photo (1).jpg", "图片.png", "a+b@c~d.jpg", "x y.JPEG", "img0", "p.v2.png"):
         assert is_conversation_part(name) and may_be_image(name), name
-    for name in ("txt", "meta.json", "caption.txt", "song.mp3", "cls", "emb.npy"):
+    for name in ("txt", "meta.json", "caption.txt", "voice.aac", "cls", "emb.npy"):
         assert not is_conversation_part(name), name
+    for name in ("song.mp3", "a.WAV", "x.v2.flac", "o.ogg", "p.opus", "q.m4a"):
+        assert is_conversation_part(name) and not may_be_image(name), name  # read as audio
     for name in ("clip.mp4", "b.WEBM", "x.v2.mkv", "a.mov", "o.avi", "p.m4v"):
         assert is_conversation_part(name) and not may_be_image(name), name  # read as videos
     assert is_conversation_part("json")
