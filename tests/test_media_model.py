@@ -27,9 +27,20 @@ def test_the_video_protocol_is_the_video_side(method):
     assert _shape(getattr(VideoCosting, method)) == _shape(getattr(video.VideoSide, method))
 
 
-def test_the_processor_layout_calls_media_with_the_protocols_arguments():
-    from energon_packing.encoding.processor import ProcessorChat
+def test_the_layouts_call_media_with_the_protocols_arguments():
+    """Both layouts decode their videos through ``decode_once(self.videos.media, videos,
+    plans)``: each distinct clip once, called as the protocol declares ``media(data, plan)``
+    (a call that did not bind to the protocol's signature raises here)."""
+    from energon_packing.encoding.chat import decode_once
 
-    source = inspect.getsource(ProcessorChat._videos)
-    assert "self.videos.media(data, plan)" in source
-    assert [name for name, *_ in _shape(VideoCosting.media)][1:] == ["data", "plan"]
+    calls = []
+
+    class Side:
+        def media(self, data, plan=None):
+            inspect.signature(VideoCosting.media).bind(self, data, plan)
+            calls.append((data, plan))
+            return len(calls)
+
+    assert _shape(Side.media) == _shape(VideoCosting.media)
+    assert decode_once(Side().media, [b"a", b"b", b"a"], ["p0", "p1", "p2"]) == [1, 2, 1]
+    assert calls == [(b"a", "p0"), (b"b", "p1")]
