@@ -484,3 +484,23 @@ def test_a_mixed_epoch_puts_every_conversation_in_one_pack_or_the_skip_report(tm
             skipped[key] = reason
     assert sorted(packed) == sorted(BY_KEY)
     assert skipped == {key: reason for key, _, _, reason in faulty}
+
+
+def test_stats_counts_the_audio_tokens_of_every_conversation(audio_dataset):
+    """``stats``' media line: the audio-token ids of every encoded conversation and its clips,
+    as many as the processor's own expansion of each clip (``replace_audio_token``)."""
+    from energon_packing.loader.loading import epoch
+    from energon_packing.tools.report import format_tokens, measure_costs
+
+    te = _omni()
+    token = te.chat.audio.token_id
+    expected = clips = 0
+    for sample in epoch(audio_dataset, _omni(), packing_buffer_size=None, batch_size=None):
+        expected += int(np.count_nonzero(np.asarray(sample.input_ids) == token))
+        clips += len(sample.audios)
+    measured = measure_costs(audio_dataset, te, progress=False)
+    assert measured.audio_tokens == expected > 0 and measured.audios == clips > 1
+    assert f"{expected:,} audio tokens from {clips} clips" in format_tokens(measured)
+    builtin = PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled")
+    builtin = measure_costs(audio_dataset, builtin, progress=False)
+    assert builtin.audio_tokens is None and "audio" not in format_tokens(builtin)

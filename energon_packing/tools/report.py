@@ -28,6 +28,7 @@ __all__ = [
     "Measured",
     "PathCost",
     "Row",
+    "audio_token_id",
     "capacity_hint",
     "format_nothing_packed",
     "format_pack_costs",
@@ -63,6 +64,9 @@ class Measured:
     video_tokens: int | None = None
     videos: int = 0  # video clips
     with_videos: int = 0  # conversations with at least one video
+    #: audio tokens of every conversation (None: the layout takes no audio)
+    audio_tokens: int | None = None
+    audios: int = 0  # audio clips
     #: each conversation's image and video grids (empty where no vision encoder is priced)
     grids: list = field(default_factory=list)
 
@@ -99,6 +103,13 @@ def video_token_id(task_encoder: Any) -> int | None:
     return token
 
 
+def audio_token_id(task_encoder: Any) -> int | None:
+    """The id of the token an audio clip expands to in ``task_encoder``'s layout (an Omni
+    processor's audio token), or None when it takes no audio."""
+    side = getattr(task_encoder.chat, "audio", None)
+    return getattr(side, "token_id", None)
+
+
 def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True) -> Measured:
     """Encodes every conversation of the train split once (no pixels decoded) and records its
     packing cost, with the loader's read order, and its image and video tokens."""
@@ -108,7 +119,8 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
 
     keys, costs, lengths, grids = [], [], [], []
     image_id, video_id = task_encoder.image_token_id, video_token_id(task_encoder)
-    image_tokens = video_tokens = videos = with_videos = 0
+    audio_id = audio_token_id(task_encoder)
+    image_tokens = video_tokens = videos = with_videos = audio_tokens = audios = 0
     samples: Iterable = epoch(path, task_encoder, packing_buffer_size=None, batch_size=None)
     if progress:
         from tqdm import tqdm
@@ -133,6 +145,9 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         clips = len(sample.videos or ())
         videos += clips
         with_videos += clips > 0
+        if audio_id is not None:
+            audio_tokens += int(np.count_nonzero(ids == audio_id))
+        audios += len(getattr(sample, "audios", None) or ())
     return Measured(
         keys=keys,
         costs=costs,
@@ -143,6 +158,8 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         video_tokens=video_tokens if video_id is not None else None,
         videos=videos,
         with_videos=with_videos,
+        audio_tokens=audio_tokens if audio_id is not None else None,
+        audios=audios,
         grids=grids,
     )
 
@@ -180,7 +197,8 @@ def format_pack_costs(measured: Measured, cost_model: Any, *, buffer: int) -> st
 
 def format_tokens(measured: Measured) -> str:
     """The media tokens among the real ones, as the layout counts them: ``1,711 image tokens,
-    4,921 video tokens from 16 clips``; empty for a text-only layout."""
+    4,921 video tokens from 16 clips, 310 audio tokens from 4 clips``; empty for a text-only
+    layout."""
     parts = []
     if measured.image_tokens is not None:
         parts.append(f"{measured.image_tokens:,} image tokens")
@@ -189,6 +207,12 @@ def format_tokens(measured: Measured) -> str:
         parts.append(
             f"{measured.video_tokens:,} video tokens"
             + (f" from {clips}" if measured.videos else "")
+        )
+    if measured.audio_tokens is not None:
+        clips = f"{measured.audios:,} clip{'s' if measured.audios != 1 else ''}"
+        parts.append(
+            f"{measured.audio_tokens:,} audio tokens"
+            + (f" from {clips}" if measured.audios else "")
         )
     return ", ".join(parts)
 
