@@ -11,7 +11,7 @@ the loader builds them (``collate``), by ``schema.collate`` of the batch's packs
 (``image``/``text``). Every batch is a fresh copy (as a worker makes one per pack). Rounds are interleaved; per variant:
 CPU seconds per 1,000 batches (main process + workers) with 0 and 2 workers, their difference
 (the handoff) and its ratio. Usage: ``python benchmarks/handoff.py [--batches 1000]
-[--rounds 3]``.
+[--rounds 3] [--only collate]``.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="", help="variants whose name holds this text")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     image = loader_batch()
@@ -130,6 +131,7 @@ def main() -> None:
             False,
         ),
     }
+    variants = {name: v for name, v in variants.items() if args.only in name}
     measured: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
         for name, (batch, numpy, *packs) in variants.items():

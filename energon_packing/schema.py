@@ -501,9 +501,13 @@ class _Arena:
         for slot in self.slots:
             offsets.append(total)
             total += -(-slot.nbytes // self.ALIGN) * self.ALIGN
-        buffer = torch.empty(total, dtype=torch.uint8)
         if total and torch.utils.data.get_worker_info() is not None:
-            buffer.share_memory_()  # a worker's batch goes to shared memory anyway: once, here
+            # a worker's batch goes to shared memory anyway: allocated there, it is written
+            # once (as torch's default_collate does in a worker)
+            shared = torch.UntypedStorage._new_shared(total)
+            buffer = torch.empty(0, dtype=torch.uint8).set_(shared)
+        else:
+            buffer = torch.empty(total, dtype=torch.uint8)
         tensors = {}
         for slot, offset in zip(self.slots, offsets, strict=True):
             tensor = buffer[offset : offset + slot.nbytes].view(_torch_dtype(slot.dtype))
