@@ -403,10 +403,11 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
 
-    Every tensor of the batch is a view into one buffer (:class:`_Arena`), allocated in shared
-    memory inside a ``DataLoader`` worker: the handoff to the main process then moves one
-    storage per batch instead of one per tensor (a file descriptor, a socket round trip and an
-    mmap each; ``benchmarks/handoff.py``).
+    Inside a ``DataLoader`` worker every tensor of the batch is a view into one buffer
+    (:class:`_Arena`) allocated in shared memory: the handoff to the main process then moves
+    one storage per batch instead of one per tensor (a file descriptor, a socket round trip and
+    an mmap each; ``benchmarks/handoff.py``). In the main process a pack's own arrays stay
+    shared with the pack (numpy memory, not copied).
     """
     width = packs[0].width
     arena = _Arena()
@@ -494,22 +495,27 @@ class _Arena:
         return slot
 
     def place(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """``batch`` with every slot replaced by its tensor, a view into the one buffer."""
+        """``batch`` with every slot replaced by its tensor. In a ``DataLoader`` worker every
+        tensor is a view into one shared-memory buffer; in the main process (nothing to hand
+        over) a pack's own arrays stay zero-copy ``torch.from_numpy`` views and only the
+        stacked rows are laid out in the buffer."""
         import torch
 
+        worker = torch.utils.data.get_worker_info() is not None
+        slots = self.slots if worker else [s for s in self.slots if s.axis is not None]
         offsets, total = [], 0
-        for slot in self.slots:
+        for slot in slots:
             offsets.append(total)
             total += -(-slot.nbytes // self.ALIGN) * self.ALIGN
-        if total and torch.utils.data.get_worker_info() is not None:
+        if total and worker:
             # a worker's batch goes to shared memory anyway: allocated there, it is written
             # once (as torch's default_collate does in a worker)
             shared = torch.UntypedStorage._new_shared(total)
             buffer = torch.empty(0, dtype=torch.uint8).set_(shared)
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
-        tensors = {}
-        for slot, offset in zip(self.slots, offsets, strict=True):
+        tensors = {id(s): torch.from_numpy(s.parts[0]) for s in self.slots if s.axis is None}
+        for slot, offset in zip(slots, offsets, strict=True):
             tensor = buffer[offset : offset + slot.nbytes].view(_torch_dtype(slot.dtype))
             tensor = tensor.view(slot.shape)
             slot.fill(tensor.numpy())

@@ -202,10 +202,15 @@ def _stacked(packs, prepacked=True):
     return out
 
 
-def test_collate_is_the_stacked_packs_in_one_buffer():
-    """Every tensor of a batch has the dtype, shape and values torch.stack / from_numpy give,
-    and all of them are views of one storage (what a worker hands over in one piece)."""
+@pytest.mark.parametrize("worker", [False, True])
+def test_collate_is_the_stacked_packs_in_one_buffer(worker, monkeypatch):
+    """Every tensor of a batch has the dtype, shape and values torch.stack / from_numpy give;
+    in a DataLoader worker all of them are views of one shared-memory storage (what the worker
+    hands over in one piece), in the main process a pack's own arrays are not copied."""
     import torch
+
+    if worker:
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
 
     spec = MRope(vision_start_id=3, image_pad_id=5)
     a = layout(
@@ -223,16 +228,21 @@ def test_collate_is_the_stacked_packs_in_one_buffer():
     batch, expected = collate(packs), _stacked(packs)
     assert set(batch) == set(expected) | {"source_ids"}
     assert batch["source_ids"] == [["a"], ["b"]]
-    tensors = []
+    rows, lists = [], []
     for name, want in expected.items():
         got = batch[name]
         pairs = zip(got, want, strict=True) if isinstance(want, list) else [(got, want)]
         for g, w in pairs:
             assert (g.dtype, g.shape, g.is_contiguous()) == (w.dtype, w.shape, True), name
             assert torch.equal(g, w), name
-            tensors.append(g)
-    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
-    assert {t.data_ptr() % 64 for t in tensors} == {0}
+            (lists if isinstance(want, list) else rows).append(g)
+    stacked = [batch[k] for k in ("input_ids", "token_mask", "padding_mask", "position_ids")]
+    shared = rows + lists if worker else stacked
+    assert len({t.untyped_storage().data_ptr() for t in shared}) == 1
+    assert {t.data_ptr() % 64 for t in shared} == {0}
+    assert rows[0].is_shared() == worker
+    if not worker:  # zero-copy: the pack's own memory
+        assert batch["pixel_values"][0].data_ptr() == a.media["pixel_values"].ctypes.data
 
 
 def test_media_that_are_pieces_of_one_array_are_joined_without_a_copy():
