@@ -35,6 +35,15 @@ from _proc import children, cpu_seconds, status_mib  # benchmarks/_proc.py (this
 
 WINDOW = 1000  # packs per measurement
 SHARDS = 5
+REPO = Path(__file__).resolve().parents[1]
+#: The media mixes: the bundled datasets, already prepared, and their conversation counts.
+MIXES = {
+    "text": None,
+    "images": (REPO / "sample_data", 400),
+    "videos": (REPO / "sample_data" / "video", 32),
+}
+#: What the issue measured before the handoff was fixed (text, CPU s per 1,000 packs).
+BASELINE = "0 workers 4.2-4.7, 2 workers 7.6-9.5 (ratio 1.8-2.0)"
 WORDS = (
     "bread", "dough", "flour", "water", "salt", "yeast", "oven", "crumb", "crust", "rise",
     "the", "a", "of", "and", "to", "in", "is", "that", "it", "for", "slow", "cool", "kitchen",
@@ -67,8 +76,11 @@ def generate(out: Path, n: int, seed: int = 0) -> None:
     prepare_dataset(out, split_parts=["train:shards/.*"], num_workers=2)
 
 
-def child(path: str, workers: int, conversations: int, epochs: int) -> None:
-    """Iterates the repeating loader, printing one ``ROW {json}`` line per 1,000 packs."""
+def child(
+    path: str, workers: int, conversations: int, epochs: int, window: int, least: int
+) -> None:
+    """Iterates the repeating loader, printing one ``ROW {json}`` line per ``window`` packs,
+    until ``epochs`` passes and ``least`` windows are done."""
     import warnings
 
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
@@ -95,7 +107,7 @@ def child(path: str, workers: int, conversations: int, epochs: int) -> None:
     for batch in loader:
         packs += 1
         landed += sum(len(ids) for ids in batch["source_ids"])
-        if packs % WINDOW:
+        if packs % window:
             continue
         now_cpu, now_wall = time.process_time(), time.perf_counter()
         pids = children() if workers else []
@@ -112,7 +124,7 @@ def child(path: str, workers: int, conversations: int, epochs: int) -> None:
         )
         print("ROW " + json.dumps(row), flush=True)
         worker_cpu, main_cpu, wall = cpu, now_cpu, now_wall
-        if landed >= epochs * conversations:
+        if landed >= epochs * conversations and packs >= least * window:
             break
     import multiprocessing
 
@@ -130,14 +142,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
-def run(path: Path, workers: int, conversations: int, epochs: int) -> None:
+def run(path: Path, workers: int, conversations: int, args: argparse.Namespace) -> float:
+    """One loader setting in a fresh process; its CPU seconds per 1,000 packs after the first
+    window (start-up and the first buffer fill left out)."""
     print(f"\nnum_workers={workers}")
     print(
         f"{'packs':>7} {'epoch':>6} {'main RSS MiB':>13} {'workers RSS MiB':>16} "
         f"{'CPU s main':>11} {'workers':>8} {'total':>7} {'wall s':>7}"
     )
     command = [sys.executable, __file__, "--child", str(path), str(workers)]
-    command += ["--conversations", str(conversations), "--epochs", str(epochs)]
+    command += ["--conversations", str(conversations), "--epochs", str(args.epochs)]
+    command += ["--window", str(args.window), "--min-windows", str(args.min_windows)]
     env = {**os.environ, "TQDM_DISABLE": "1"}
     rows = []
     with tempfile.TemporaryFile("w+") as stderr:
@@ -160,43 +175,77 @@ def run(path: Path, workers: int, conversations: int, epochs: int) -> None:
             stderr.seek(0)
             sys.exit(f"child failed ({process.returncode}):\n{stderr.read()[-4000:]}")
     if not rows:
-        return
+        return math.nan
     first, last = rows[0], rows[-1]
-    after = [r for r in rows if r["packs"] > WINDOW and r["epoch"] > 1.0]
-    xs = [r["packs"] / WINDOW for r in after]
+    after = [r for r in rows if r["packs"] > args.window and r["epoch"] > 1.0]
+    xs = [r["packs"] / 1000 for r in after]
     main_slope = slope(xs, [r["main_rss"] for r in after])
     workers_slope = slope(xs, [r["workers_rss"] for r in after])
+    steady = rows[1:] or rows
+    per_thousand = 1000 * sum(r["cpu"] for r in steady) / (args.window * len(steady))
+    scale = 1000 / args.window
     print(
         f"summary num_workers={workers}: {last['packs']:,} packs, {last['epoch']:.2f} epochs; "
         f"RSS main {first['main_rss']:.1f} -> {last['main_rss']:.1f} MiB, workers "
         f"{first['workers_rss']:.1f} -> {last['workers_rss']:.1f} MiB; CPU s/1,000 packs "
-        f"{first['cpu']:.2f} -> {last['cpu']:.2f} (last/first {last['cpu'] / first['cpu']:.2f}); "
+        f"{scale * first['cpu']:.2f} -> {scale * last['cpu']:.2f} (last/first "
+        f"{last['cpu'] / first['cpu']:.2f}), {per_thousand:.2f} after the first window; "
         f"RSS slope after epoch 1 (MiB per 1,000 packs, {len(after)} windows): main "
         f"{main_slope:+.3f}, workers {workers_slope:+.3f}"
     )
     print("target: flat (RSS slope ~0 MiB per 1,000 packs, CPU last/first within 1.3x)")
+    return per_thousand
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--conversations", type=int, default=5000)
+    parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
+    parser.add_argument("--conversations", type=int, default=5000, help="text mix only")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--window", type=int, default=WINDOW, help="packs per measurement")
+    parser.add_argument("--min-windows", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.conversations, args.epochs)
+        child(
+            args.child[0],
+            int(args.child[1]),
+            args.conversations,
+            args.epochs,
+            args.window,
+            args.min_windows,
+        )
         return
     start = time.perf_counter()
+    cpu: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "data"
-        generate(path, args.conversations)
+        for mix in args.mixes:
+            if mix == "text":
+                path, conversations = Path(tmp) / "data", args.conversations
+                generate(path, conversations)
+            else:
+                path, conversations = MIXES[mix]
+            print(
+                f"\n== {mix}: {conversations:,} conversations ({path.name if mix != 'text' else 'generated'}),"
+                f" >= {args.epochs} epochs and >= {args.min_windows} windows of {args.window} packs, "
+                f"packs of 4096 tokens, carry=True, packing buffer 256, batch size 1"
+            )
+            for workers in args.workers:
+                cpu[mix, workers] = run(path, workers, conversations, args)
+    if 0 in args.workers:
+        print("\nCPU s per 1,000 packs after the first window (main + workers)")
         print(
-            f"{args.conversations:,} conversations in {SHARDS} shards, >= {args.epochs} epochs, "
-            f"packs of 4096 tokens, carry=True, packing buffer 256, batch size 1"
+            f"{'mix':<8}"
+            + "".join(f"{f'{w} workers':>11}" for w in args.workers)
+            + "   ratio vs 0 (target <= 1.2)"
         )
-        for workers in args.workers:
-            run(path, workers, args.conversations, args.epochs)
+        for mix in args.mixes:
+            none = cpu[mix, 0]
+            line = "".join(f"{cpu[mix, w]:>11.2f}" for w in args.workers)
+            ratios = ", ".join(f"{cpu[mix, w] / none:.2f}" for w in args.workers if w)
+            print(f"{mix:<8}{line}   {ratios}")
+        print(f"baseline (issue 34, text): {BASELINE}")
     print(f"\ntotal wall time {time.perf_counter() - start:.0f} s")
 
 

@@ -2,12 +2,13 @@
 
 1. The floor (default): what no packer can avoid is Energon reading the samples plus the
    processor once per conversation. One process per family measures, interleaved, 15 rounds
-   (~2 min): (a) Energon's plain read of the bundled sample data (400 conversations, 0-3
+   (~4 min): (a) Energon's plain read of the bundled sample data (400 conversations, 0-3
    images each; a task encoder that does nothing, no packing), (b) the processor alone on the
    same conversations (its ``apply_chat_template`` and its own call on the decoded images, as
-   ``load_image`` decodes them), (c) the packed loader (workers 0, carry on, C=2048, buffer
-   64), and prints the floor ``1 / (1/a + 1/b)`` in conversations/s, the ratio c / floor
-   (target >= 0.95) of the best figures, the median of each round's own ratio and the
+   ``load_image`` decodes them), (c) the packed loader (workers 0, carry on, C=2048, at each
+   packing buffer of ``--buffers``, 64, 256 and 1024 by default), and prints the floor
+   ``1 / (1/a + 1/b)`` in conversations/s, the ratio c / floor (target >= 0.95) of the best
+   figures, the median of each round's own ratio and the
    built-in path's packed figure beside them. On a 2-core VM whose speed drifts by up to 30 %
    between rounds, 7 rounds move the best-of ratio by +-0.05; 15 by about +-0.02.
 2. ``--table``: also loader throughput and peak RSS per path (fresh process each), at two
@@ -15,7 +16,8 @@
    depends on the buffer). Image sizes are comparable: the built-in path resizes within
    56*56..224*224 pixels, as the Qwen processors here do.
 
-    python benchmarks/processor_loader.py [--families qwen2_vl,gemma3] [--rounds 15] [--table]
+    python benchmarks/processor_loader.py [--families qwen2_vl,gemma3] [--rounds 15]
+        [--buffers 64,256,1024] [--table]
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ FLOOR = textwrap.dedent(
     from energon_packing.tools.cli import REPO_SAMPLE_DATA
 
     family, rounds = sys.argv[1], int(sys.argv[2])
+    buffers = [int(b) for b in sys.argv[3].split(",")]
     knobs = dict(max_input_seq_length=2048, pad_multiple=8, carry=True)
     processor = build(family, model=False)[0]
     bos = processor.tokenizer.bos_token
@@ -151,18 +154,16 @@ FLOOR = textwrap.dedent(
                 pass
         return ok
 
-    def packed(**chosen):
+    def packed(buffer, **chosen):
         te = PackingTaskEncoder(**chosen, **knobs)
-        for _ in epoch(REPO_SAMPLE_DATA, te, packing_buffer_size=64):
+        for _ in epoch(REPO_SAMPLE_DATA, te, packing_buffer_size=buffer):
             pass
         return te.stats.packed
 
-    runs = {
-        "plain": plain,
-        "alone": alone,
-        "packed": lambda: packed(processor=processor),
-        "builtin": lambda: packed(tokenizer="bundled", max_pixels=224 * 224),
-    }
+    runs = {"plain": plain, "alone": alone}
+    for buffer in buffers:
+        runs[f"packed {buffer}"] = lambda b=buffer: packed(b, processor=processor)
+    runs["builtin"] = lambda: packed(64, tokenizer="bundled", max_pixels=224 * 224)
     for run in runs.values():  # warm up
         run()
     per_round = {name: [] for name in runs}
@@ -193,29 +194,32 @@ def bound(plain: float, alone: float) -> float:
     return 1.0 / (1.0 / plain + 1.0 / alone)
 
 
-def print_floor(families: list[str], rounds: int) -> None:
+def print_floor(families: list[str], rounds: int, buffers: list[int]) -> None:
     print(
-        f"sample_data, C=2048, carry, buffer 64, workers 0; conversations/s, best of {rounds}, "
-        f"interleaved in one process per family; 'per round': c / floor of each round's own "
-        f"three runs (median, min-max), which a slow spell of the machine moves less\n"
+        f"sample_data, C=2048, carry, workers 0; packing buffers {buffers}; conversations/s, "
+        f"best of {rounds}, interleaved in one process per family; 'per round': c / floor of "
+        f"each round's own runs (median, min-max), which a slow spell of the machine moves "
+        f"less; target: >= 0.95\n"
     )
     print(
-        f"{'family':<18}{'(a) plain read':>15}{'(b) processor':>15}{'floor':>9}"
+        f"{'family':<18}{'(a) plain read':>15}{'(b) processor':>15}{'floor':>9}{'buffer':>8}"
         f"{'(c) packed':>12}{'c / floor':>11}{'per round':>18}{'builtin':>10}"
     )
     for family in families:
-        r = child(FLOOR, family, rounds, timeout=3600)
+        r = child(FLOOR, family, rounds, ",".join(map(str, buffers)), timeout=3600)
         best = {name: max(values) for name, values in r.items()}
         limit = bound(best["plain"], best["alone"])
-        ratios = sorted(
-            c / bound(a, b) for a, b, c in zip(r["plain"], r["alone"], r["packed"], strict=True)
-        )
-        spread = f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
-        print(
-            f"{family:<18}{best['plain']:>15.0f}{best['alone']:>15.0f}{limit:>9.0f}"
-            f"{best['packed']:>12.0f}{best['packed'] / limit:>11.2f}{spread:>18}"
-            f"{best['builtin']:>10.0f}"
-        )
+        for buffer in buffers:
+            runs = r[f"packed {buffer}"]
+            ratios = sorted(
+                c / bound(a, b) for a, b, c in zip(r["plain"], r["alone"], runs, strict=True)
+            )
+            spread = f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+            print(
+                f"{family:<18}{best['plain']:>15.0f}{best['alone']:>15.0f}{limit:>9.0f}"
+                f"{buffer:>8}{max(runs):>12.0f}{max(runs) / limit:>11.2f}{spread:>18}"
+                f"{best['builtin']:>10.0f}"
+            )
     print()
 
 
@@ -242,9 +246,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default="qwen2_vl", help="comma-separated families")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--buffers", default="64,256,1024", help="packing buffers of the packed loader"
+    )
     parser.add_argument("--table", action="store_true", help="also the per-path table")
     args = parser.parse_args()
-    print_floor(args.families.split(","), args.rounds)
+    print_floor(args.families.split(","), args.rounds, [int(b) for b in args.buffers.split(",")])
     if args.table:
         print_table()
 

@@ -17,8 +17,10 @@ every rank emits a pack at every step; cut after two passes):
 * ``model``: balanced on the whole model's cost (decoder + vision encoder), this release.
 
 Columns: mean / p95 over steps of max/mean across ranks of the modelled step cost of the whole
-model, of the decoder alone (without the encoders), of attention alone and of the vision
-encoder alone; the vision encoder's share of the cost; data packs against the lower bound; and
+model; the same for the best order of the same packs (``bound``: each rank's packs sorted by
+cost, step k holding every rank's k-th costliest; what is above it is in the packs a rank
+holds, which no emission order changes); of the decoder alone (without the encoders), of
+attention alone and of the vision encoder alone; the vision encoder's share of the cost; data packs against the lower bound; and
 ``lost``: conversations missing from one finite pass (``repeat=False``) of the ``model`` run
 (must be 0). Targets (``model``): mean <= 1.03, p95 <= 1.06, packs <= bound + 0.5 %, lost 0.
 Usage: ``python benchmarks/rank_balance.py [--ranks 8 32 128] [--mixes images video text]
@@ -53,6 +55,14 @@ def spread(costs: np.ndarray) -> tuple[float, float]:
     return float(ratios.mean()), float(np.percentile(ratios, 95))
 
 
+def order_bound(costs: np.ndarray) -> tuple[float, float]:
+    """:func:`spread` of the same packs in the best order any emission could give them:
+    each rank's own packs sorted by cost, so step k holds every rank's k-th costliest (the
+    order that minimises the sum over steps of the costliest rank). What is left above it
+    is in the packs each rank holds, not in the order it emits them."""
+    return spread(-np.sort(-costs, axis=0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
@@ -66,7 +76,7 @@ def main() -> None:
     print(f"model: {model.describe()}")
     print(
         f"{'mix':<7}{'C':>6}{'W':>5} {'emission':<8}"
-        + "".join(f"{name + ' mean/p95':>17}" for name in ("model", "no-enc", "attention"))
+        + "".join(f"{name + ' mean/p95':>17}" for name in ("model", "bound", "no-enc", "attention"))
         + f"{'vision mean/p95':>17}{'vis share':>10}{'packs/rank':>11}{'vs bound':>10}"
         f"{'lost':>6}{'s':>6}"
     )
@@ -96,6 +106,7 @@ def main() -> None:
                     )
                     parts = run.step_parts(model)
                     cells = [spread(parts[part]) for part in PARTS]
+                    cells.insert(1, order_bound(parts["total"]))
                     share = float((parts["vision"] / parts["total"]).mean())
                     counts = run.counts
                     over = sum(counts) / run.bound() - 1
@@ -128,6 +139,7 @@ def main() -> None:
         "\nemission: order = selection order (balance_window=0); decoder = balanced on the "
         "decoder alone (release 0.4); model = balanced on the whole model. Columns: max/mean "
         "across ranks of the modelled step cost, mean/p95 over steps: of the whole model, of "
+        "the same packs in the best order (bound: each rank's packs sorted by cost), of "
         "the decoder without the encoders (no-enc), of attention alone, of the vision encoder "
         "alone. "
         "vs bound: data packs against ceil(tokens / C). lost: conversations not in exactly one "

@@ -169,6 +169,82 @@ def test_collate_and_back_is_the_same_pack():
     assert "cu_seqlens" not in rows and rows["input_lengths"].tolist() == [5, 2]
 
 
+def _stacked(packs, prepacked=True):
+    """The batch as torch.stack / torch.from_numpy of each pack's arrays give it (the reference
+    collate is held to)."""
+    import torch
+
+    def listed(name):
+        return [torch.from_numpy(getattr(p, name)) for p in packs]
+
+    out = {
+        "input_ids": torch.stack(listed("input_ids")),
+        "token_mask": torch.stack(listed("token_mask")),
+        "padding_mask": torch.stack(listed("padding_mask")),
+        "position_ids": torch.stack(listed("position_ids")).permute(1, 0, 2),
+        "input_lengths": torch.tensor([p.width for p in packs], dtype=torch.int32),
+        "sample_mask": torch.tensor([1.0] * len(packs)),
+        "image_source_index": listed("image_source_index"),
+        "video_source_index": listed("video_source_index"),
+        "cu_seqlens": listed("cu_seqlens"),
+        "cu_seqlens_padded": listed("cu_seqlens_padded"),
+        "mm_token_type_ids": torch.stack(
+            [
+                torch.from_numpy(p.token_fields.get("mm_token_type_ids", np.zeros(8, np.int64)))
+                for p in packs
+            ]
+        ),
+    }
+    for name in ("pixel_values", "image_grid_thw", "video_grid_thw"):
+        like = next(p.media[name] for p in packs if name in p.media)
+        empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)
+        out[name] = [torch.from_numpy(p.media.get(name, empty)) for p in packs]
+    return out
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_collate_is_the_stacked_packs_in_one_buffer(worker, monkeypatch):
+    """Every tensor of a batch has the dtype, shape and values torch.stack / from_numpy give;
+    in a DataLoader worker all of them are views of one shared-memory storage (what the worker
+    hands over in one piece), in the main process a pack's own arrays are not copied."""
+    import torch
+
+    if worker:
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+
+    spec = MRope(vision_start_id=3, image_pad_id=5)
+    a = layout(
+        [source("a", [1, 3, 5, 4, 9], [0, 0, 0, 0, 1], grids=[(1, 2, 2)], mrope=spec)],
+        width=8,
+        pad_multiple=1,
+        pad_id=0,
+    )
+    a.media["pixel_values"] = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a.token_fields["mm_token_type_ids"] = np.array([0, 0, 1, 0, 0, 0, 0, 0], dtype=np.int64)
+    b = layout([source("b", [7, 8], [0, 1], mrope=spec)], width=8, pad_multiple=1, pad_id=0)
+    b.video_source_index = np.array([0], dtype=np.int64)
+    b.media["video_grid_thw"] = np.array([[2, 2, 2]], dtype=np.int64)
+    packs = [a, b]
+    batch, expected = collate(packs), _stacked(packs)
+    assert set(batch) == set(expected) | {"source_ids"}
+    assert batch["source_ids"] == [["a"], ["b"]]
+    rows, lists = [], []
+    for name, want in expected.items():
+        got = batch[name]
+        pairs = zip(got, want, strict=True) if isinstance(want, list) else [(got, want)]
+        for g, w in pairs:
+            assert (g.dtype, g.shape, g.is_contiguous()) == (w.dtype, w.shape, True), name
+            assert torch.equal(g, w), name
+            (lists if isinstance(want, list) else rows).append(g)
+    stacked = [batch[k] for k in ("input_ids", "token_mask", "padding_mask", "position_ids")]
+    shared = rows + lists if worker else stacked
+    assert len({t.untyped_storage().data_ptr() for t in shared}) == 1
+    assert {t.data_ptr() % 64 for t in shared} == {0}
+    assert rows[0].is_shared() == worker
+    if not worker:  # zero-copy: the pack's own memory
+        assert batch["pixel_values"][0].data_ptr() == a.media["pixel_values"].ctypes.data
+
+
 def test_media_that_are_pieces_of_one_array_are_joined_without_a_copy():
     """One image-processor call for a whole pack: its sources' pixels are consecutive views of
     one array, and the pack's are that array again (no copy); any other parts are copied, with

@@ -104,6 +104,7 @@ class TransformersCompatError(RuntimeError):
     """An internal of transformers this package reads is missing or changed."""
 
 
+@functools.cache  # read per conversation (mRoPE rules); the installed release does not change
 def transformers_version() -> tuple[int, int, int] | None:
     """The installed transformers release as ``(major, minor, patch)``; None if not installed."""
     try:
