@@ -21,7 +21,17 @@ from energon_packing.encoding.models import ModelInfo
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
 
-__all__ = ["FAMILIES", "Family", "check_model", "family_of", "family_of_model", "family_table"]
+__all__ = [
+    "FAMILIES",
+    "REFUSED",
+    "Family",
+    "check_model",
+    "family_of",
+    "family_of_model",
+    "family_table",
+    "refusal",
+    "refused_table",
+]
 
 
 class _Shape:
@@ -324,6 +334,46 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+#: Image-text models that energon_packing refuses, measured or read on transformers 5.24, and why
+#: (the error names the model type and this reason).
+REFUSED: dict[str, str] = {
+    "paligemma": (
+        "its prompt attends bidirectionally (token_type_ids 0: one prefix-LM block over the "
+        "whole row) and its positions start at 1; a pack would need each conversation's own "
+        "prefix block, which is not laid out"
+    ),
+    "llama4": (
+        "transformers 5.24's Llama4ForConditionalGeneration.forward raises AttributeError "
+        "('image_outputs') on every call, and its attention temperature depends on the "
+        "absolute position"
+    ),
+    "mistral3": (
+        "its PixtralProcessor imports the torchvision image processor (transformers 5.24): no "
+        "layout proven without torchvision"
+    ),
+    "pixtral": "as mistral3: PixtralProcessor needs torchvision (transformers 5.24)",
+    "ernie4_5_vl_moe": (
+        "its 3D positions (its own image start tokens and video times) are not laid out"
+    ),
+    "ovis2": "its visual tokenizer's image layout is not laid out",
+    "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
+    "gemma3n": "its audio and vision towers need timm; not laid out",
+}
+
+
+def refusal(processor_class: str, model_type: str | None) -> str:
+    """One line: why a processor with no family here (its class, the model type it came with,
+    or the model types its class serves) is refused."""
+    types = (model_type,) if model_type else hf_compat.processor_model_types(processor_class)
+    named = ", ".join(repr(t) for t in types) or "unknown"
+    why = "; ".join(f"{t!r}: {REFUSED[t]}" for t in types if t in REFUSED)
+    return (
+        f"model type {named} ({processor_class}) is not a model family energon_packing packs "
+        f"exactly{f' ({why})' if why else ''} (known: {', '.join(f.name for f in FAMILIES)}: "
+        f"docs/models.md); pass its tokenizer for text-only data"
+    )
+
+
 def family_of_model(model_type: str | None) -> Family | None:
     """The :class:`Family` that packs ``model_type`` (exactly, or with the stateful opt-in)."""
     return next(
@@ -392,4 +442,11 @@ def family_table() -> str:
             f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
             f"{_attention(f)} |"
         )
+    return "\n".join(rows)
+
+
+def refused_table() -> str:
+    """The refused models of ``docs/models.md``, from :data:`REFUSED` (a test keeps them equal)."""
+    rows = ["| model type | why it is refused |", "|---|---|"]
+    rows += [f"| `{t}` | {why} |" for t, why in REFUSED.items()]
     return "\n".join(rows)
