@@ -463,6 +463,7 @@ MEDIA_TOKENS = {
     "aya_vision": ["<|START_OF_IMG|>", "<|IMG_PATCH|>", "<|END_OF_IMG|>"],
     "glm4v": ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>"],
     "gemma4": ["<|image>", "<|image|>", "<image|>"],
+    "ovis2": ["<IMG_START>", "<IMG_ATOM>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"],
 }
 
 

@@ -118,6 +118,36 @@ def _gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {"num_soft_tokens_per_image": counts}
 
 
+def _ovis2_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Ovis2's tiling: each image's ``(rows, cols)`` grid, by the rule its image processor's
+    ``crop_image_to_patches`` takes (the covering-area grid, or the closest aspect ratio), with
+    the processor's own image defaults; ``(1, 1)`` without tiling."""
+    image_processor = processor.image_processor
+    defaults = hf_compat.merged_images_kwargs(processor)
+
+    def setting(name: str) -> Any:
+        found = defaults.get(name)
+        return getattr(image_processor, name) if found is None else found
+
+    size = setting("size")
+    tile = (size["height"], size["width"])
+    grids = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        if not (setting("crop_to_patches") and setting("max_patches") > 1):
+            grids.append([1, 1])
+            continue
+        if setting("use_covering_area_grid"):
+            rule = hf_compat.smart_resize_of(image_processor, "get_min_tile_covering_grid")
+            cols, rows = rule(
+                (h, w), target_patch_size=tile[0], max_image_tiles=setting("max_patches")
+            )
+        else:
+            rule = hf_compat.smart_resize_of(image_processor, "get_optimal_tiled_canvas")
+            cols, rows = rule((h, w), tile, setting("min_patches"), setting("max_patches"))
+        grids.append([rows, cols])
+    return {"grids": np.asarray(grids, dtype=np.int64).reshape(-1, 2)}
+
+
 def _idefics3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     image_processor = processor.image_processor
     rows, cols = [], []
@@ -319,6 +349,12 @@ FAMILIES: tuple[Family, ...] = (
         block_layers=("sliding_attention",),
         token_types="mm_token_type_ids",
     ),
+    Family(
+        name="ovis2",
+        classes=("Ovis2Processor",),
+        model_types=("ovis2",),
+        replacement_inputs=_ovis2_inputs,
+    ),
     # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
     # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
     Family(
@@ -355,7 +391,6 @@ REFUSED: dict[str, str] = {
     "ernie4_5_vl_moe": (
         "its 3D positions (its own image start tokens and video times) are not laid out"
     ),
-    "ovis2": "its visual tokenizer's image layout is not laid out",
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
     "gemma3n": "its audio and vision towers need timm; not laid out",
 }

@@ -50,6 +50,7 @@ FAMILIES = (
     "aya_vision",
     "glm4v",
     "gemma4",
+    "ovis2",
 )
 
 QWEN_SPECIALS = [
@@ -657,6 +658,52 @@ def _gemma4(model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, Gemma4ForConditionalGeneration, model, info)
 
 
+def _ovis2(model: bool) -> tuple[Any, Any, dict]:
+    """Ovis2: tiles of 28 px (4x4 patches: 16 visual tokens each), up to 4 tiles and a
+    thumbnail per image, its five visual indicator tokens."""
+    from transformers import Ovis2Config, Ovis2ForConditionalGeneration, Ovis2Processor
+    from transformers.models.ovis2.image_processing_pil_ovis2 import Ovis2ImageProcessorPil
+
+    indicators = ["<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"]
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, "<image>", "<IMG_ATOM>", *indicators],
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+    )
+    side, patch = 28, 7
+    processor = Ovis2Processor(
+        image_processor=Ovis2ImageProcessorPil(
+            size={"height": side, "width": side},
+            crop_to_patches=True,
+            max_patches=4,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        chat_template=chatml_interleaved("<image>"),
+        image_seq_length=(side // patch) ** 2,
+    )
+    config = Ovis2Config(
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=side,
+            patch_size=patch,
+            vocab_size=64,
+            hidden_stride=1,
+            num_visual_indicator_tokens=len(indicators),
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        visual_indicator_token_ids=tokenizer.convert_tokens_to_ids(indicators),
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+    )
+    return _built(processor, config, Ovis2ForConditionalGeneration, model, {"family": "ovis2"})
+
+
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
 MODELS = ("qwen3_vl_moe", "glm4v_moe", "glm46v")
 #: Models built here that energon_packing refuses (their layers carry state along the row).
@@ -680,6 +727,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "internvl": _internvl,
         "aya_vision": _aya_vision,
         "gemma4": _gemma4,
+        "ovis2": _ovis2,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
