@@ -235,6 +235,9 @@ class Family:
             (:func:`energon_packing.hf.gemma3_mask_mapping`), not the padding-free path alone.
         block_layers: The layer types that read the image blocks (Gemma 3: all; Gemma 4: its
             sliding layers, its full layers stay causal).
+        token_fields: Token-aligned model inputs besides the token types, each ``(name,
+            processor method)`` the processor's own ``__call__`` adds them by (ERNIE-4.5-VL's
+            ``moe_mm_token_type_ids``, ``create_moe_mm_token_type_ids``).
         vision_start: The token that opens an image's block (mRoPE families: Qwen's
             ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
     """
@@ -250,6 +253,7 @@ class Family:
     videos: bool = False
     image_blocks: bool = False
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention")
+    token_fields: tuple[tuple[str, str], ...] = ()
     vision_start: str = "<|vision_start|>"
 
     def __post_init__(self) -> None:
@@ -349,6 +353,19 @@ FAMILIES: tuple[Family, ...] = (
         block_layers=("sliding_attention",),
         token_types="mm_token_type_ids",
     ),
+    # ERNIE-4.5-VL: Qwen2-VL's image grid, size rule and positions (its get_rope_index), and a
+    # second token field its MoE routes by (the image tokens and their start/end tokens)
+    Family(
+        name="ernie4_5_vl_moe",
+        classes=("Ernie4_5_VLMoeProcessor",),
+        model_types=("ernie4_5_vl_moe",),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        token_types="mm_token_type_ids",
+        token_fields=(("moe_mm_token_type_ids", "create_moe_mm_token_type_ids"),),
+        vision_start="<|IMAGE_START|>",
+    ),
     Family(
         name="ovis2",
         classes=("Ovis2Processor",),
@@ -388,9 +405,6 @@ REFUSED: dict[str, str] = {
         "layout proven without torchvision"
     ),
     "pixtral": "as mistral3: PixtralProcessor needs torchvision (transformers 5.24)",
-    "ernie4_5_vl_moe": (
-        "its 3D positions (its own image start tokens and video times) are not laid out"
-    ),
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
     "gemma3n": "its audio and vision towers need timm; not laid out",
 }

@@ -88,6 +88,9 @@ def _text_config(config: Any) -> Any:
 
 
 def _has_mrope(config: Any) -> bool:
+    family = family_of_model(getattr(config, "model_type", None))
+    if family is not None and family.mrope:  # ERNIE-4.5-VL's config may leave it to a default
+        return True
     text = _text_config(config)
     for name in ("rope_parameters", "rope_scaling"):
         rope = getattr(text, name, None)

@@ -25,6 +25,7 @@ from energon_packing.encoding.models import model_info
 from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
+    ERNIE_VL_TEMPLATE,
     GEMMA3_TEMPLATE,
     GEMMA4_TEMPLATE,
     GLM4V_TEMPLATE,
@@ -51,6 +52,7 @@ FAMILIES = (
     "glm4v",
     "gemma4",
     "ovis2",
+    "ernie4_5_vl_moe",
 )
 
 QWEN_SPECIALS = [
@@ -704,6 +706,77 @@ def _ovis2(model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, Ovis2ForConditionalGeneration, model, {"family": "ovis2"})
 
 
+def _ernie_vl(model: bool) -> tuple[Any, Any, dict]:
+    """ERNIE-4.5-VL: Qwen2-VL's image grid (patch 14, merge 2, one frame), a dense first layer
+    and a MoE layer with its vision experts."""
+    from transformers import (
+        Ernie4_5_VLMoeConfig,
+        Ernie4_5_VLMoeForConditionalGeneration,
+        Ernie4_5_VLMoeProcessor,
+    )
+    from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeImageProcessorPil,
+    )
+
+    named = {
+        "image_token": "<|IMAGE_PLACEHOLDER|>",
+        "image_start_token": "<|IMAGE_START|>",
+        "image_end_token": "<|IMAGE_END|>",
+        "video_token": "<|VIDEO_PLACEHOLDER|>",
+        "video_start_token": "<|VIDEO_START|>",
+        "video_end_token": "<|VIDEO_END|>",
+    }
+    tokenizer = make_tokenizer(
+        named=named,
+        extra=["<|end_of_sentence|>"],
+        bos="<|begin_of_sentence|>",
+        eos="<|end_of_sentence|>",
+        pad="<|endoftext|>",
+        add_bos=True,
+    )
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in named.items()}
+    processor = image_only(Ernie4_5_VLMoeProcessor)(
+        image_processor=Ernie4_5_VLMoeImageProcessorPil(
+            size={"shortest_edge": 56 * 56, "longest_edge": 224 * 224}
+        ),
+        tokenizer=tokenizer,
+        chat_template=ERNIE_VL_TEMPLATE,
+    )
+    text = _tiny_text(
+        tokenizer,
+        head_dim=16,
+        moe_intermediate_size=[32, 32],
+        moe_k=2,
+        moe_num_experts=4,
+        moe_num_shared_experts=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 500000.0,
+            "mrope_section": [3, 3, 2],
+        },
+    )
+    config = Ernie4_5_VLMoeConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_merge_size=2,
+        ),
+        image_token_id=ids["image_token"],
+        image_start_token_id=ids["image_start_token"],
+        image_end_token_id=ids["image_end_token"],
+        video_token_id=ids["video_token"],
+        video_start_token_id=ids["video_start_token"],
+        video_end_token_id=ids["video_end_token"],
+    )
+    info = {"family": "ernie4_5_vl_moe"}
+    return _built(processor, config, Ernie4_5_VLMoeForConditionalGeneration, model, info)
+
+
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
 MODELS = ("qwen3_vl_moe", "glm4v_moe", "glm46v")
 #: Models built here that energon_packing refuses (their layers carry state along the row).
@@ -728,6 +801,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "aya_vision": _aya_vision,
         "gemma4": _gemma4,
         "ovis2": _ovis2,
+        "ernie4_5_vl_moe": _ernie_vl,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
