@@ -106,7 +106,16 @@ def concat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
 
 #: families whose full per-source proof runs under -m slow (.ci/run), keeping the README's test
 #: command inside its budget; their ids, costs and masks stay in the default set
-SLOW_PROOFS = ("llava", "llava_next", "internvl", "aya_vision", *MODELS)
+SLOW_PROOFS = (
+    "llava",
+    "llava_next",
+    "internvl",
+    "aya_vision",
+    "gemma4",
+    "ovis2",
+    "ernie4_5_vl_moe",
+    *MODELS,
+)
 
 
 @pytest.mark.parametrize(
@@ -463,6 +472,8 @@ MEDIA_TOKENS = {
     "aya_vision": ["<|START_OF_IMG|>", "<|IMG_PATCH|>", "<|END_OF_IMG|>"],
     "glm4v": ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>"],
     "gemma4": ["<|image>", "<|image|>", "<image|>"],
+    "ernie4_5_vl_moe": ["<|IMAGE_START|>", "<|IMAGE_PLACEHOLDER|>", "<|IMAGE_END|>"],
+    "ovis2": ["<IMG_START>", "<IMG_ATOM>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"],
 }
 
 

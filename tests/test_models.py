@@ -253,6 +253,9 @@ def test_the_docs_family_table_is_the_registry():
     page = (REPO / "docs" / "models.md").read_text()
     assert family_table() in page, "docs/models.md's family table differs from family_table()"
     assert all(f"| {f.name} |" in page for f in FAMILIES)
+    from energon_packing.encoding.families import refused_table
+
+    assert refused_table() in page, "docs/models.md's refused table differs from refused_table()"
 
 
 def test_a_family_we_do_not_pack_is_refused_by_its_model_type():
@@ -268,3 +271,33 @@ def test_a_family_we_do_not_pack_is_refused_by_its_model_type():
     processor.model_info = ModelInfo(model_type="paligemma", source="its config.json")
     with pytest.raises(ValueError, match=r"^model type 'paligemma' \(PaliGemmaProcessor\) is not"):
         PackingTaskEncoder(max_input_seq_length=256, processor=processor)
+    with pytest.raises(ValueError, match="prefix-LM block") as raised:
+        PackingTaskEncoder(max_input_seq_length=256, processor=processor)
+    assert "\n" not in str(raised.value)
+    processor.model_info = None  # no config.json: the model types its class serves are named
+    with pytest.raises(ValueError, match=r"^model type 'paligemma' \(PaliGemmaProcessor\)"):
+        PackingTaskEncoder(max_input_seq_length=256, processor=processor)
+
+
+@pytest.mark.parametrize("model_type", ["paligemma", "llama4", "mistral3", "kimi_k25"])
+def test_to_hf_refuses_a_model_type_we_do_not_pack_in_one_line(model_type):
+    """A refused model type never gets a pack through to_hf (text-only packs included): one
+    line naming it and why."""
+    import numpy as np
+    from transformers import AutoConfig
+
+    from energon_packing.encoding.families import REFUSED
+    from energon_packing.schema import Source, collate, layout
+
+    config = AutoConfig.for_model(model_type)
+    pack = layout(
+        [Source(key="A", input_ids=np.arange(5), token_mask=np.ones(5, dtype=np.float32))],
+        width=8,
+        pad_multiple=4,
+        pad_id=0,
+    )
+    with pytest.raises(ValueError) as raised:
+        to_hf(collate([pack]), config=config)
+    message = str(raised.value)
+    assert message == f"to_hf: model type {model_type!r} is not packed: {REFUSED[model_type]}"
+    assert "\n" not in message

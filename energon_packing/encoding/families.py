@@ -23,6 +23,7 @@ from energon_packing.errors import Skip
 
 __all__ = [
     "FAMILIES",
+    "REFUSED",
     "AudioRule",
     "Family",
     "audio_families",
@@ -30,6 +31,8 @@ __all__ = [
     "family_of",
     "family_of_model",
     "family_table",
+    "refusal",
+    "refused_table",
 ]
 
 
@@ -215,6 +218,36 @@ def _gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {"num_soft_tokens_per_image": counts}
 
 
+def _ovis2_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Ovis2's tiling: each image's ``(rows, cols)`` grid, by the rule its image processor's
+    ``crop_image_to_patches`` takes (the covering-area grid, or the closest aspect ratio), with
+    the processor's own image defaults; ``(1, 1)`` without tiling."""
+    image_processor = processor.image_processor
+    defaults = hf_compat.merged_images_kwargs(processor)
+
+    def setting(name: str) -> Any:
+        found = defaults.get(name)
+        return getattr(image_processor, name) if found is None else found
+
+    size = setting("size")
+    tile = (size["height"], size["width"])
+    grids = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        if not (setting("crop_to_patches") and setting("max_patches") > 1):
+            grids.append([1, 1])
+            continue
+        if setting("use_covering_area_grid"):
+            rule = hf_compat.smart_resize_of(image_processor, "get_min_tile_covering_grid")
+            cols, rows = rule(
+                (h, w), target_patch_size=tile[0], max_image_tiles=setting("max_patches")
+            )
+        else:
+            rule = hf_compat.smart_resize_of(image_processor, "get_optimal_tiled_canvas")
+            cols, rows = rule((h, w), tile, setting("min_patches"), setting("max_patches"))
+        grids.append([rows, cols])
+    return {"grids": np.asarray(grids, dtype=np.int64).reshape(-1, 2)}
+
+
 def _idefics3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     image_processor = processor.image_processor
     rows, cols = [], []
@@ -376,6 +409,9 @@ class Family:
             sliding layers, its full layers stay causal).
         audio: How the family's processor takes audio clips (None: an audio clip is skipped
             ``unsupported_audio``).
+        token_fields: Token-aligned model inputs besides the token types, each ``(name,
+            processor method)`` the processor's own ``__call__`` adds them by (ERNIE-4.5-VL's
+            ``moe_mm_token_type_ids``, ``create_moe_mm_token_type_ids``).
         vision_start: The token that opens an image's block (mRoPE families: Qwen's
             ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
     """
@@ -395,6 +431,7 @@ class Family:
     image_blocks: bool = False
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention")
     audio: AudioRule | None = None
+    token_fields: tuple[tuple[str, str], ...] = ()
     vision_start: str = "<|vision_start|>"
 
     def __post_init__(self) -> None:
@@ -505,6 +542,25 @@ FAMILIES: tuple[Family, ...] = (
         block_layers=("sliding_attention",),
         token_types="mm_token_type_ids",
     ),
+    # ERNIE-4.5-VL: Qwen2-VL's image grid, size rule and positions (its get_rope_index), and a
+    # second token field its MoE routes by (the image tokens and their start/end tokens)
+    Family(
+        name="ernie4_5_vl_moe",
+        classes=("Ernie4_5_VLMoeProcessor",),
+        model_types=("ernie4_5_vl_moe",),
+        replacement_inputs=_qwen_inputs,
+        mrope=True,
+        image_rows=_qwen_rows,
+        token_types="mm_token_type_ids",
+        token_fields=(("moe_mm_token_type_ids", "create_moe_mm_token_type_ids"),),
+        vision_start="<|IMAGE_START|>",
+    ),
+    Family(
+        name="ovis2",
+        classes=("Ovis2Processor",),
+        model_types=("ovis2",),
+        replacement_inputs=_ovis2_inputs,
+    ),
     # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
     # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
     Family(
@@ -544,6 +600,42 @@ FAMILIES: tuple[Family, ...] = (
 def audio_families() -> list[str]:
     """The families whose processors take audio clips (``unsupported_audio`` names them)."""
     return [f.name for f in FAMILIES if f.audio is not None]
+
+
+#: Image-text models that energon_packing refuses, measured or read on transformers 5.24, and why
+#: (the error names the model type and this reason).
+REFUSED: dict[str, str] = {
+    "paligemma": (
+        "its prompt attends bidirectionally (token_type_ids 0: one prefix-LM block over the "
+        "whole row) and its positions start at 1; a pack would need each conversation's own "
+        "prefix block, which is not laid out"
+    ),
+    "llama4": (
+        "transformers 5.24's Llama4ForConditionalGeneration.forward raises AttributeError "
+        "('image_outputs') on every call, and its attention temperature depends on the "
+        "absolute position"
+    ),
+    "mistral3": (
+        "its PixtralProcessor imports the torchvision image processor (transformers 5.24): no "
+        "layout proven without torchvision"
+    ),
+    "pixtral": "as mistral3: PixtralProcessor needs torchvision (transformers 5.24)",
+    "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
+    "gemma3n": "its audio and vision towers need timm; not laid out",
+}
+
+
+def refusal(processor_class: str, model_type: str | None) -> str:
+    """One line: why a processor with no family here (its class, the model type it came with,
+    or the model types its class serves) is refused."""
+    types = (model_type,) if model_type else hf_compat.processor_model_types(processor_class)
+    named = ", ".join(repr(t) for t in types) or "unknown"
+    why = "; ".join(f"{t!r}: {REFUSED[t]}" for t in types if t in REFUSED)
+    return (
+        f"model type {named} ({processor_class}) is not a model family energon_packing packs "
+        f"exactly{f' ({why})' if why else ''} (known: {', '.join(f.name for f in FAMILIES)}: "
+        f"docs/models.md); pass its tokenizer for text-only data"
+    )
 
 
 def family_of_model(model_type: str | None) -> Family | None:
@@ -615,4 +707,11 @@ def family_table() -> str:
             f"{'yes' if f.audio else 'skipped (`unsupported_audio`)'} | "
             f"{_attention(f)} |"
         )
+    return "\n".join(rows)
+
+
+def refused_table() -> str:
+    """The refused models of ``docs/models.md``, from :data:`REFUSED` (a test keeps them equal)."""
+    rows = ["| model type | why it is refused |", "|---|---|"]
+    rows += [f"| `{t}` | {why} |" for t, why in REFUSED.items()]
     return "\n".join(rows)

@@ -44,6 +44,7 @@ __all__ = [
     "pack_rules",
     "processor_media_api",
     "processor_media_refusal",
+    "processor_mixin",
     "require_processor_media",
     "returns_mm_token_types",
     "smart_resize_of",
@@ -248,6 +249,15 @@ def _merged(processor: Any) -> dict:
         raise _fail(f"{type(processor).__name__}._merge_kwargs(KwargsClass, ...)", e) from e
 
 
+def processor_mixin() -> type:
+    """``transformers.processing_utils.ProcessorMixin`` (the base an image-only processor
+    class slots its ``video_processor`` handling in front of:
+    :func:`energon_packing.encoding.processor_loading.image_only`)."""
+    from transformers.processing_utils import ProcessorMixin
+
+    return ProcessorMixin
+
+
 def mixin_token_types() -> Callable | None:
     """``ProcessorMixin.create_mm_token_type_ids`` (a modality per id), None where it has none:
     a processor that inherits it unchanged types each id alone."""
@@ -414,6 +424,9 @@ def check() -> list[str]:
     if not callable(getattr(qwen_pil, "smart_resize", None)):
         raise _fail("image_processing_pil_qwen2_vl.smart_resize", "not found")
     checked.append("smart_resize_of")
+    if processor_mixin() is not ProcessorMixin:
+        raise _fail("processing_utils.ProcessorMixin", "not the processors' base")
+    checked.append("processor_mixin")
     torchvision_available()
     checked.append("torchvision_available")
     import transformers

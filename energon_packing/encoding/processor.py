@@ -57,7 +57,7 @@ from energon_packing.encoding.chat import (
     read_conversation,
     video_plans,
 )
-from energon_packing.encoding.families import FAMILIES, audio_families, family_of
+from energon_packing.encoding.families import audio_families, family_of, refusal
 from energon_packing.encoding.models import info_of
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_audio import AudioSide
@@ -141,12 +141,7 @@ class ProcessorChat:
         self.family = family_of(processor) if self.has_images else None
         if self.has_images and self.family is None:
             model = info_of(processor)
-            named = f"model type {model.model_type!r} ({self.name})" if model else self.name
-            raise ValueError(
-                f"{named} is not a model family energon_packing packs exactly (known: "
-                f"{', '.join(f.name for f in FAMILIES)}: docs/models.md); pass its tokenizer for "
-                f"text-only data"
-            )
+            raise ValueError(refusal(self.name, model.model_type if model else None))
         self.family_name = self.family.name if self.family else "text"
         self.image_token = getattr(processor, "image_token", None) if self.has_images else None
         self.image_token_id = None  # the id the model replaces with vision features

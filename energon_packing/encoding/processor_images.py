@@ -264,7 +264,17 @@ class ImageSide:
         """:meth:`token_fields` of each conversation of a pack. Where the processor's
         ``create_mm_token_type_ids`` is transformers' own token-by-token rule (``ProcessorMixin``'s:
         a type per id, whatever its neighbours), one call on the pack's ids joined, split back
-        into views; otherwise one call per conversation."""
+        into views; otherwise one call per conversation. The family's other token fields
+        (``Family.token_fields``: ERNIE's ``moe_mm_token_type_ids``) per conversation."""
+        fields = self._token_types_of_pack(ids)
+        for name, method in self.family.token_fields:
+            make = getattr(self.processor, method)
+            for own, one in zip(fields, ids):
+                (row,) = make([np.asarray(one).tolist()])
+                own[name] = np.asarray(row, dtype=np.int64)
+        return fields
+
+    def _token_types_of_pack(self, ids: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
         if self.token_types is None or not ids:
             return [{} for _ in ids]
         if not self._per_token_types or len(ids) == 1:

@@ -104,9 +104,7 @@ def _video_processor_optional(cls: type) -> dict:
 
 @functools.cache
 def _no_video_kwarg() -> type:
-    from transformers.processing_utils import ProcessorMixin
-
-    class NoVideoKwarg(ProcessorMixin):
+    class NoVideoKwarg(hf_compat.processor_mixin()):
         """Sits between a processor class and ``ProcessorMixin``: a processor whose own
         ``__init__`` passes ``video_processor=`` on (Gemma 4's) hands it None, which the
         image-only attribute list would reject as an unexpected argument."""

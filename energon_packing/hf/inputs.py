@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from energon_packing.encoding import hf_compat
-from energon_packing.encoding.families import family_of_model
+from energon_packing.encoding.families import REFUSED, family_of_model
 from energon_packing.encoding.models import StatefulLayersError, check_layers, model_info
 from energon_packing.hf.masks import gemma3_mask_mapping
 from energon_packing.schema import (
@@ -88,6 +88,9 @@ def _text_config(config: Any) -> Any:
 
 
 def _has_mrope(config: Any) -> bool:
+    family = family_of_model(getattr(config, "model_type", None))
+    if family is not None and family.mrope:  # ERNIE-4.5-VL's config may leave it to a default
+        return True
     text = _text_config(config)
     for name in ("rope_parameters", "rope_scaling"):
         rope = getattr(text, name, None)
@@ -161,11 +164,14 @@ def to_hf(
             "to_hf: the batch carries token_type_ids (Gemma 3): its forward needs a mask "
             "mapping built with its sliding window; pass model= or config="
         )
+    model_type = getattr(config, "model_type", None)
+    if model_type in REFUSED:
+        raise ValueError(f"to_hf: model type {model_type!r} is not packed: {REFUSED[model_type]}")
     attn = attn_implementation or hf_compat.attn_implementation(_text_config(config))
     varlen = "flash" in (attn or "")
     if config is not None and _stateful(config, model, allow_stateful_layers):
         varlen = True  # the boundaries are what those layers' kernels read
-    family = family_of_model(getattr(config, "model_type", None))
+    family = family_of_model(model_type)
     gemma3 = family is not None and family.image_blocks
     named = {"gemma3": "Gemma 3", "gemma4": "Gemma 4"}.get(getattr(family, "name", ""), "")
     if gemma3 and varlen:

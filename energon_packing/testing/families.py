@@ -25,6 +25,7 @@ from energon_packing.encoding.models import model_info
 from energon_packing.encoding.processor_loading import image_only
 from energon_packing.encoding.tokenizer import BUNDLED_TOKENIZER
 from energon_packing.testing.templates import (
+    ERNIE_VL_TEMPLATE,
     GEMMA3_TEMPLATE,
     GEMMA4_TEMPLATE,
     GLM4V_TEMPLATE,
@@ -60,6 +61,8 @@ FAMILIES = (
     "aya_vision",
     "glm4v",
     "gemma4",
+    "ovis2",
+    "ernie4_5_vl_moe",
 )
 #: Families whose processors take audio (and images): the Omni thinkers.
 AUDIO_FAMILIES = ("qwen2_5_omni", "qwen3_omni")
@@ -669,6 +672,123 @@ def _gemma4(model: bool) -> tuple[Any, Any, dict]:
     return _built(processor, config, Gemma4ForConditionalGeneration, model, info)
 
 
+def _ovis2(model: bool) -> tuple[Any, Any, dict]:
+    """Ovis2: tiles of 28 px (4x4 patches: 16 visual tokens each), up to 4 tiles and a
+    thumbnail per image, its five visual indicator tokens."""
+    from transformers import Ovis2Config, Ovis2ForConditionalGeneration, Ovis2Processor
+    from transformers.models.ovis2.image_processing_pil_ovis2 import Ovis2ImageProcessorPil
+
+    indicators = ["<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"]
+    tokenizer = make_tokenizer(
+        extra=[*QWEN_SPECIALS, "<image>", "<IMG_ATOM>", *indicators],
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+    )
+    side, patch = 28, 7
+    processor = Ovis2Processor(
+        image_processor=Ovis2ImageProcessorPil(
+            size={"height": side, "width": side},
+            crop_to_patches=True,
+            max_patches=4,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        ),
+        tokenizer=tokenizer,
+        chat_template=chatml_interleaved("<image>"),
+        image_seq_length=(side // patch) ** 2,
+    )
+    config = Ovis2Config(
+        text_config=_tiny_text(tokenizer, model_type="qwen2"),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=side,
+            patch_size=patch,
+            vocab_size=64,
+            hidden_stride=1,
+            num_visual_indicator_tokens=len(indicators),
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        visual_indicator_token_ids=tokenizer.convert_tokens_to_ids(indicators),
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+    )
+    return _built(processor, config, Ovis2ForConditionalGeneration, model, {"family": "ovis2"})
+
+
+def _ernie_vl(model: bool) -> tuple[Any, Any, dict]:
+    """ERNIE-4.5-VL: Qwen2-VL's image grid (patch 14, merge 2, one frame), a dense first layer
+    and a MoE layer with its vision experts."""
+    from transformers import (
+        Ernie4_5_VLMoeConfig,
+        Ernie4_5_VLMoeForConditionalGeneration,
+        Ernie4_5_VLMoeProcessor,
+    )
+    from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeImageProcessorPil,
+    )
+
+    named = {
+        "image_token": "<|IMAGE_PLACEHOLDER|>",
+        "image_start_token": "<|IMAGE_START|>",
+        "image_end_token": "<|IMAGE_END|>",
+        "video_token": "<|VIDEO_PLACEHOLDER|>",
+        "video_start_token": "<|VIDEO_START|>",
+        "video_end_token": "<|VIDEO_END|>",
+    }
+    tokenizer = make_tokenizer(
+        named=named,
+        extra=["<|end_of_sentence|>"],
+        bos="<|begin_of_sentence|>",
+        eos="<|end_of_sentence|>",
+        pad="<|endoftext|>",
+        add_bos=True,
+    )
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in named.items()}
+    processor = image_only(Ernie4_5_VLMoeProcessor)(
+        image_processor=Ernie4_5_VLMoeImageProcessorPil(
+            size={"shortest_edge": 56 * 56, "longest_edge": 224 * 224}
+        ),
+        tokenizer=tokenizer,
+        chat_template=ERNIE_VL_TEMPLATE,
+    )
+    text = _tiny_text(
+        tokenizer,
+        head_dim=16,
+        moe_intermediate_size=[32, 32],
+        moe_k=2,
+        moe_num_experts=4,
+        moe_num_shared_experts=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 500000.0,
+            "mrope_section": [3, 3, 2],
+        },
+    )
+    config = Ernie4_5_VLMoeConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_merge_size=2,
+        ),
+        image_token_id=ids["image_token"],
+        image_start_token_id=ids["image_start_token"],
+        image_end_token_id=ids["image_end_token"],
+        video_token_id=ids["video_token"],
+        video_start_token_id=ids["video_start_token"],
+        video_end_token_id=ids["video_end_token"],
+    )
+    info = {"family": "ernie4_5_vl_moe"}
+    return _built(processor, config, Ernie4_5_VLMoeForConditionalGeneration, model, info)
+
+
 #: Other models of a family built here, packed exactly as that family (``info["family"]``).
 MODELS = ("qwen3_vl_moe", "glm4v_moe", "glm46v")
 #: Models built here that energon_packing refuses (their layers carry state along the row).
@@ -879,6 +999,8 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "gemma4": _gemma4,
         "qwen2_5_omni": _qwen2_5_omni,
         "qwen3_omni": _qwen3_omni,
+        "ovis2": _ovis2,
+        "ernie4_5_vl_moe": _ernie_vl,
     }
     if family not in builders:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

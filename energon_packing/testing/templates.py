@@ -11,6 +11,9 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 - GEMMA4_TEMPLATE: google/gemma-4-*-it, its turn and image markup (``<|turn>role`` ...
   ``<turn|>``, ``model`` for the assistant, each image as ``<|image|>``, text trimmed), without
   the tools and thinking-channel branches.
+- ERNIE_VL_TEMPLATE: baidu/ERNIE-4.5-VL-*-PT, its turn markup (``User: `` ... ``\nAssistant: ``
+  ... ``<|end_of_sentence|>``) and each image as ``<|IMAGE_START|><|IMAGE_PLACEHOLDER|>
+  <|IMAGE_END|>``, without its "Picture n:" numbering and thinking branches.
 - GLM4V_TEMPLATE: zai-org/GLM-4.1V-9B-Thinking (``[gMASK]<sop>``, role tags, each image as
   ``<|begin_of_image|><|image|><|end_of_image|>``; an assistant's list content rendered in
   place as GLM-4.5V's ``visible_text`` does).
@@ -21,6 +24,7 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 """
 
 __all__ = [
+    "ERNIE_VL_TEMPLATE",
     "GEMMA3_TEMPLATE",
     "GEMMA4_TEMPLATE",
     "GLM4V_TEMPLATE",
@@ -270,6 +274,17 @@ GEMMA4_TEMPLATE = (
     "{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}<|image|>"
     "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
     "{% endif %}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+ERNIE_VL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}User: {% elif message['role'] == 'assistant' %}"
+    "{{ '\\n' }}Assistant: {% endif %}{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}"
+    "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>{% elif item['type'] == 'text' %}"
+    "{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% if message['role'] == 'assistant' %}<|end_of_sentence|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '\\n' }}Assistant: {% endif %}"
 )
 
 _GLM4V_PARTS = (
