@@ -508,10 +508,10 @@ class _Arena:
             offsets.append(total)
             total += -(-slot.nbytes // self.ALIGN) * self.ALIGN
         if total and worker:
-            # a worker's batch goes to shared memory anyway: allocated there, it is written
-            # once (as torch's default_collate does in a worker)
-            shared = torch.UntypedStorage._new_shared(total)
-            buffer = torch.empty(0, dtype=torch.uint8).set_(shared)
+            # a worker's batch goes to shared memory anyway: moved there while still empty
+            # (public API: share_memory_ copies the uninitialised bytes once, a memcpy), the
+            # batch is then written once, into shared memory
+            buffer = torch.empty(total, dtype=torch.uint8).share_memory_()
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
         tensors = {id(s): torch.from_numpy(s.parts[0]) for s in self.slots if s.axis is None}

@@ -717,7 +717,8 @@ def test_an_older_releases_expansion_rule_is_the_public_one_where_both_exist(fam
 
     processor = build(family, model=False)[0]
     rules = family_of(processor)
-    assert rules.expansion is not None, f"{family}: no rule for releases before the public API"
+    if rules.expansion is None:  # refused there, in one line (processor_media_refusal)
+        pytest.skip(f"{family}: no rule for releases before the public expansion API")
     if not hf_compat.processor_media_api(processor):
         pytest.skip(f"transformers {transformers.__version__}: {family} has no public expansion")
     try:
