@@ -34,16 +34,22 @@ def tokenizer():
 
 
 def pytest_collection_modifyitems(config, items):
-    """``processor_media`` tests need a processor's public placeholder expansion; on a
-    transformers release without it (for the test's ``family`` parameter, else Qwen2-VL) they
-    skip, naming what it lacks (docs/compatibility.md)."""
-    from helpers import processor_media_skip_reason
+    """A test of a ``family`` whose processor the installed transformers lacks (or cannot
+    import without torchvision) skips, naming why. ``processor_media`` tests need a family's
+    placeholder expansion; on a release without one (for the test's ``family`` parameter, else
+    Qwen2-VL) they skip, naming what it lacks (docs/compatibility.md)."""
+    from helpers import family_unavailable_reason, processor_media_skip_reason
 
     for item in items:
-        if not item.get_closest_marker("processor_media"):
-            continue
         params = getattr(item, "callspec", None)
         family = params.params.get("family") if params else None
+        # a family whose processor this release lacks (or cannot import): every test of it
+        unavailable = family_unavailable_reason(family) if isinstance(family, str) else None
+        if unavailable:
+            item.add_marker(pytest.mark.skip(reason=unavailable))
+            continue
+        if not item.get_closest_marker("processor_media"):
+            continue
         reason = processor_media_skip_reason(family if isinstance(family, str) else "qwen2_vl")
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -152,6 +152,36 @@ def spawn_ranks(fn, world_size, tmp_path, *args, timeout=240):
             pytest.fail(f"ranks {alive} of {world_size} still running after {timeout} s")
 
 
+def _family_classes(found) -> tuple[list, str | None]:
+    """The installed processor classes of a registry family, and why none is (None: some
+    are): a family's later classes may not exist in an older release, or not import there
+    (5.12's Gemma 4 image processor imports torchvision)."""
+    import transformers
+
+    present, why = [], []
+    for name in found.classes:
+        try:
+            present.append(getattr(transformers, name))
+        except (AttributeError, ImportError) as e:
+            why.append(f"{name}: {str(e).splitlines()[0][:120]}")
+    return (
+        present,
+        None if present else f"transformers {transformers.__version__}: {'; '.join(why)}",
+    )
+
+
+def family_unavailable_reason(family: str) -> str | None:
+    """Why no processor of ``family`` (a registry family or model type) can be built on the
+    installed transformers; None where one can (or the name is no registry family)."""
+    from energon_packing.encoding import hf_compat
+    from energon_packing.encoding.families import FAMILIES
+
+    if hf_compat.transformers_version() is None:
+        return None
+    found = next((f for f in FAMILIES if family in (f.name, *f.model_types)), None)
+    return None if found is None else _family_classes(found)[1]
+
+
 def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
     """Why the processor path with images cannot run for ``family`` on the installed
     transformers (None: it can), as the library refuses it
@@ -162,13 +192,11 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
 
     if hf_compat.transformers_version() is None:
         return None
-    import transformers
 
     found = next(f for f in FAMILIES if family in (f.name, *f.model_types))
-    # a family's later classes may not exist in an older release
-    present = [getattr(transformers, n) for n in found.classes if hasattr(transformers, n)]
+    present, missing = _family_classes(found)
     if not present:
-        return f"transformers {transformers.__version__} has none of {', '.join(found.classes)}"
+        return missing
     for cls in present:
         refusal = hf_compat.processor_media_refusal(cls, found)
         if refusal:

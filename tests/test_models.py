@@ -287,9 +287,13 @@ def test_to_hf_refuses_a_model_type_we_do_not_pack_in_one_line(model_type):
     from transformers import AutoConfig
 
     from energon_packing.encoding.families import REFUSED
+    from energon_packing.encoding.hf_compat import transformers_version
     from energon_packing.schema import Source, collate, layout
 
-    config = AutoConfig.for_model(model_type)
+    try:
+        config = AutoConfig.for_model(model_type)
+    except ValueError as e:  # a model type newer than the installed release
+        pytest.skip(f"transformers {transformers_version()}: no {model_type!r} config ({e})"[:200])
     pack = layout(
         [Source(key="A", input_ids=np.arange(5), token_mask=np.ones(5, dtype=np.float32))],
         width=8,
