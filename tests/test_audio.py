@@ -510,3 +510,29 @@ def test_stats_counts_the_audio_tokens_of_every_conversation(audio_dataset):
     builtin = PackingTaskEncoder(max_input_seq_length=CAPACITY, tokenizer="bundled")
     builtin = measure_costs(audio_dataset, builtin, progress=False)
     assert builtin.audio_tokens is None and "audio" not in format_tokens(builtin)
+
+
+def test_preview_marks_each_clips_audio_tokens(audio_dataset, tmp_path):
+    """``preview``'s segments: one run of audio tokens per clip, as long as the processor
+    expands it, in the conversation the clip belongs to; the text and the picture show them."""
+    from energon_packing.tools.picture import describe, draw, pack_segments
+
+    te = _omni()
+    token = te.chat.audio.token_id
+    clips = {key: len(document.get("audios", ())) for key, document, _ in CONVERSATIONS}
+    layouts = []
+    for batch in loader_batches(audio_dataset, te, buffer=8):
+        for row in range(len(batch["source_ids"])):
+            layout = pack_segments(batch, row, image_pad_id=te.image_token_id, audio_pad_id=token)
+            ids = np.asarray(batch["input_ids"][row])
+            for s in layout.segments:
+                assert len(s.audios) == clips[s.key], s.key
+                assert sum(b - a for a, b in s.audios) == int(
+                    np.count_nonzero(ids[s.start : s.real_end] == token)
+                )
+                assert all(set(ids[a:b].tolist()) == {token} for a, b in s.audios)
+            layouts.append(layout)
+    assert sum(clips.values()) > 1 and sum(x.audio_tokens for x in layouts) > 0
+    text = describe(layouts)
+    assert text.count(" audio  (") == sum(1 for n in clips.values() if n)
+    assert draw(layouts, tmp_path / "p.png").stat().st_size > 0

@@ -548,7 +548,7 @@ def preview(
     from energon_packing.loader.loading import epoch
     from energon_packing.schema import is_empty
     from energon_packing.tools.picture import describe, draw, pack_segments
-    from energon_packing.tools.report import format_skipped, video_token_id
+    from energon_packing.tools.report import audio_token_id, format_skipped, video_token_id
 
     te = _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor, carry=carry)
     skipped: dict[str, list[str]] = {}
@@ -563,9 +563,12 @@ def preview(
     batches = list(itertools.islice(packs(), count))
     if not batches:
         _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor)
-    video_pad = video_token_id(te)
+    video_pad, audio_pad = video_token_id(te), audio_token_id(te)
     layouts = [
-        pack_segments(b, 0, image_pad_id=te.image_token_id, video_pad_id=video_pad) for b in batches
+        pack_segments(
+            b, 0, image_pad_id=te.image_token_id, video_pad_id=video_pad, audio_pad_id=audio_pad
+        )
+        for b in batches
     ]
     click.echo(describe(layouts))
     if skipped:  # read while filling the buffer for these packs

@@ -7,7 +7,8 @@ padding marked, ``source_ids`` labelled.
       [  1304,   1688)  video000011        377 real    7 pad
       ...
 
-Image tokens are hatched ``////`` in the picture, video tokens ``xxxx`` in a darker shade.
+Image tokens are hatched ``////`` in the picture, video tokens ``xxxx`` in a darker shade,
+audio tokens ``....``; the text gives each audio clip's token span (``1 audio  (38 at [ 12, 50))``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Segment:
     grids: list[tuple[int, int, int]] = field(default_factory=list)
     videos: list[tuple[int, int]] = field(default_factory=list)  # video-pad token runs
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    audios: list[tuple[int, int]] = field(default_factory=list)  # audio-token runs
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +54,10 @@ class Layout:
     def video_tokens(self) -> int:
         return sum(b - a for s in self.segments for a, b in s.videos)
 
+    @property
+    def audio_tokens(self) -> int:
+        return sum(b - a for s in self.segments for a, b in s.audios)
+
 
 def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
@@ -59,11 +65,17 @@ def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
 
 
 def pack_segments(
-    batch: dict, row: int, *, image_pad_id: int | None, video_pad_id: int | None = None
+    batch: dict,
+    row: int,
+    *,
+    image_pad_id: int | None,
+    video_pad_id: int | None = None,
+    audio_pad_id: int | None = None,
 ) -> Layout:
     """The segments of pack ``row`` of a prepacked batch (image grids where the family has
     them: Qwen2-VL's ``image_grid_thw``; else ``1x1x1`` per image), with each conversation's
-    runs of image-pad and (given ``video_pad_id``) video-pad tokens and ``video_grid_thw``."""
+    runs of image-pad, (given ``video_pad_id``) video-pad tokens and ``video_grid_thw``, and
+    (given ``audio_pad_id``) audio tokens: one run per clip."""
     pack = pack_from_batch(batch, row)
     ids = pack.input_ids
     cu, cup = pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist()
@@ -93,6 +105,7 @@ def pack_segments(
                 grids=[tuple(g) for g, o in zip(grids, owners) if o == k],
                 videos=_runs(own == video_pad_id, start) if video_pad_id is not None else [],
                 video_grids=[tuple(g) for g, o in zip(video_grids, video_owners) if o == k],
+                audios=_runs(own == audio_pad_id, start) if audio_pad_id is not None else [],
             )
         )
     return Layout(capacity=ids.shape[0], segments=segments)
@@ -128,9 +141,13 @@ def describe(layouts: Sequence[Layout]) -> str:
                     "x".join(map(str, g)) + span for g, span in zip(s.video_grids, spans)
                 )
                 videos = f"   {_plural('video', len(s.video_grids))}  ({clips})"
+            audios = ""
+            if s.audios:
+                spans = ", ".join(f"{b - a} at [{a:>6}, {b:>6})" for a, b in s.audios)
+                audios = f"   {len(s.audios)} audio  ({spans})"
             lines.append(
                 f"  [{s.start:>6}, {s.padded_end:>6})  {s.key:<16}{s.real_end - s.start:>6} real"
-                f"{s.padded_end - s.real_end:>5} pad{images}{videos}"
+                f"{s.padded_end - s.real_end:>5} pad{images}{videos}{audios}"
             )
     return "\n".join(lines)
 
@@ -142,7 +159,8 @@ def _darker(colour: tuple[float, ...]) -> tuple[float, ...]:
 
 def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Path:
     """Writes a PNG: one bar per pack, one colour per conversation; image tokens hatched
-    ``////``, video tokens hatched ``xxxx`` in a darker shade, padding grey."""
+    ``////``, video tokens hatched ``xxxx`` in a darker shade, audio tokens dotted ``....``,
+    padding grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,6 +207,15 @@ def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Pat
                     edgecolor="white",
                     linewidth=0.0,
                 )
+            for a, b in s.audios:
+                ax.broken_barh(
+                    [(a, b - a)],
+                    (y - height / 2, height),
+                    facecolors=colours[(2 * k + 1) % len(colours)],
+                    hatch="....",
+                    edgecolor="black",
+                    linewidth=0.0,
+                )
             if s.real_end - s.start > pack.capacity / 40:
                 ax.text(
                     (s.start + s.real_end) / 2,
@@ -225,6 +252,8 @@ def draw(layouts: Sequence[Layout], path: Path | str, *, title: str = "") -> Pat
         handles.append(
             Patch(facecolor=_darker(colours[0]), hatch="xxxx", ec="white", label="video tokens")
         )
+    if any(s.audios for pack in layouts for s in pack.segments):
+        handles.append(Patch(facecolor=colours[1], hatch="....", ec="black", label="audio tokens"))
     handles.append(Patch(facecolor="#d9d9d9", label="padding / tail"))
     ax.legend(
         handles=handles,
