@@ -81,7 +81,6 @@ REASONS = {
     "video_corrupt": "a video whose sampled frames do not decode, or decode otherwise than its header says",
     # audio
     "missing_audio": "an audio clip referenced or listed that the sample does not hold",
-    "duplicate_audio": "an audio clip listed or referenced twice",
     "too_many_audios": "more audio clips than max_images (the limit on each kind of media)",
     "unsupported_audio": "an audio clip for a layout whose processor takes none (the detail names the families that do)",
     "audio_unreadable": "an audio part that is no container PyAV opens, or whose stream does not decode",

@@ -117,6 +117,20 @@ def _conversations() -> list[tuple[str, dict, dict]]:
             {"p.png": image, "f.ogg": f},
         ),
         (
+            "same_clip_twice",  # one part referenced twice: the processor given it twice
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": parts(("audio", "a.wav"), " and again: ", ("audio", "a.wav")),
+                    },
+                    {"role": "assistant", "content": "The same tone."},
+                ],
+                "audios": ["a.wav"],
+            },
+            {"a.wav": a},
+        ),
+        (
             "text_only",
             {
                 "messages": [
@@ -519,7 +533,9 @@ def test_preview_marks_each_clips_audio_tokens(audio_dataset, tmp_path):
 
     te = _omni()
     token = te.chat.audio.token_id
-    clips = {key: len(document.get("audios", ())) for key, document, _ in CONVERSATIONS}
+    clips = {
+        key: len(_in_order(document, parts, "audio")) for key, document, parts in CONVERSATIONS
+    }
     layouts = []
     for batch in loader_batches(audio_dataset, te, buffer=8):
         for row in range(len(batch["source_ids"])):
