@@ -21,6 +21,8 @@ from energon_packing.testing.templates import (
     chatml_interleaved,
 )
 
+__all__: list[str] = []  # builders reached through testing.families.build
+
 GLM4V_SPECIALS = [
     "<|endoftext|>",
     "[gMASK]",
@@ -35,8 +37,6 @@ GLM4V_SPECIALS = [
     "<|image|>",
     "<|video|>",
 ]
-
-__all__: list[str] = []  # builders reached through testing.families.build
 
 
 def _glm4v(family: str, model: bool) -> tuple[Any, Any, dict]:

@@ -11,6 +11,8 @@ from energon_packing.encoding.processor_loading import image_only
 from energon_packing.testing.families import _built, _tiny_text, make_tokenizer
 from energon_packing.testing.templates import QWEN2_5_OMNI_TEMPLATE, QWEN3_OMNI_TEMPLATE
 
+__all__: list[str] = []  # builders reached through testing.families.build
+
 #: Qwen2.5-Omni's special tokens, by the attribute names its processor reads off the tokenizer
 QWEN2_5_OMNI_NAMED = {
     "image_token": "<|IMAGE|>",
@@ -21,8 +23,6 @@ QWEN2_5_OMNI_NAMED = {
     "audio_bos_token": "<|audio_bos|>",
     "audio_eos_token": "<|audio_eos|>",
 }
-
-__all__: list[str] = []  # builders reached through testing.families.build
 
 
 def _whisper(**fields: Any) -> Any:
