@@ -16,7 +16,6 @@ Two conversations, A = 5 tokens and B = 10, pad_multiple 4, width 36 (:func:`lay
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -397,152 +396,51 @@ def check_pack(
 
 
 def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
-    """The batch dict of ``packs`` (torch tensors).
+    """The batch dict of ``packs`` (torch tensors; numpy memory is shared, not copied).
 
     ``prepacked=True``: the contract's prepacked batch (``input_lengths`` = width, boundary keys
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
-
-    Inside a ``DataLoader`` worker every tensor of the batch is a view into one buffer
-    (:class:`_Arena`) allocated in shared memory: the handoff to the main process then moves
-    one storage per batch instead of one per tensor (a file descriptor, a socket round trip and
-    an mmap each; ``benchmarks/handoff.py``). In the main process a pack's own arrays stay
-    shared with the pack (numpy memory, not copied).
     """
+    import torch  # the schema itself is numpy; batches are torch
+
     width = packs[0].width
-    arena = _Arena()
-    mrope = packs[0].position_ids.ndim == 2
+    positions = torch.stack([torch.from_numpy(p.position_ids) for p in packs])
+    if positions.ndim == 3:  # mRoPE: [B, 3, W] -> [3, B, W]
+        positions = positions.permute(1, 0, 2).contiguous()
     batch: dict[str, Any] = {
-        INPUT_IDS: arena.rows([p.input_ids for p in packs]),
-        INPUT_LENGTHS: arena.array(
-            np.array([width if prepacked else p.real_tokens for p in packs], dtype=np.int32)
+        INPUT_IDS: torch.stack([torch.from_numpy(p.input_ids) for p in packs]),
+        INPUT_LENGTHS: torch.tensor(
+            [width if prepacked else p.real_tokens for p in packs], dtype=torch.int32
         ),
-        TOKEN_MASK: arena.rows([p.token_mask for p in packs]),
-        SAMPLE_MASK: arena.array(
-            np.array([float(bool((p.token_mask > 0).any())) for p in packs], dtype=np.float32)
+        TOKEN_MASK: torch.stack([torch.from_numpy(p.token_mask) for p in packs]),
+        SAMPLE_MASK: torch.tensor(
+            [float(bool((p.token_mask > 0).any())) for p in packs], dtype=torch.float32
         ),
-        # mRoPE: [B, 3, W] -> [3, B, W]
-        POSITION_IDS: arena.rows([p.position_ids for p in packs], axis=1 if mrope else 0),
-        PADDING_MASK: arena.rows([p.padding_mask for p in packs]),
+        POSITION_IDS: positions,
+        PADDING_MASK: torch.stack([torch.from_numpy(p.padding_mask) for p in packs]),
         SOURCE_IDS: [list(p.source_ids) for p in packs],
-        IMAGE_SOURCE_INDEX: [arena.array(p.image_source_index) for p in packs],
+        IMAGE_SOURCE_INDEX: [torch.from_numpy(p.image_source_index) for p in packs],
     }
     if any(len(p.video_source_index) for p in packs):
-        batch[VIDEO_SOURCE_INDEX] = [arena.array(p.video_source_index) for p in packs]
+        batch[VIDEO_SOURCE_INDEX] = [torch.from_numpy(p.video_source_index) for p in packs]
     for name in dict.fromkeys(name for p in packs for name in p.token_fields):
-        zeros = np.zeros(width, dtype=np.int64)  # a pack without this field
-        batch[name] = arena.rows([p.token_fields.get(name, zeros) for p in packs])
+        batch[name] = torch.stack(
+            [
+                torch.from_numpy(p.token_fields[name])
+                if name in p.token_fields
+                else torch.zeros(width, dtype=torch.int64)
+                for p in packs
+            ]
+        )
     if prepacked:
-        batch[CU_SEQLENS] = [arena.array(p.cu_seqlens) for p in packs]
-        batch[CU_SEQLENS_PADDED] = [arena.array(p.cu_seqlens_padded) for p in packs]
+        batch[CU_SEQLENS] = [torch.from_numpy(p.cu_seqlens) for p in packs]
+        batch[CU_SEQLENS_PADDED] = [torch.from_numpy(p.cu_seqlens_padded) for p in packs]
     for name in dict.fromkeys(name for p in packs for name in p.media):
         like = next(p.media[name] for p in packs if name in p.media)
         empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)  # a pack without this media
-        batch[name] = [arena.array(p.media.get(name, empty)) for p in packs]
-    return arena.place(batch)
-
-
-class _Slot:
-    """A tensor of the batch before its buffer exists: shape, dtype and what fills it."""
-
-    __slots__ = ("axis", "dtype", "parts", "shape")
-
-    def __init__(self, parts: list[np.ndarray], dtype: np.dtype, shape: tuple, axis: int | None):
-        self.parts, self.dtype, self.shape, self.axis = parts, dtype, shape, axis
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    def fill(self, out: np.ndarray) -> None:
-        if self.axis is None:
-            out[...] = self.parts[0]
-            return
-        for i, part in enumerate(self.parts):
-            if self.axis:
-                out[:, i] = part
-            else:
-                out[i] = part
-
-
-class _Arena:
-    """Collects a batch's tensors as :class:`_Slot` s, then lays them out in one buffer.
-
-    Offsets are 64-byte aligned, so each view keeps its dtype's alignment. Values, dtypes and
-    shapes are what ``torch.stack`` / ``torch.from_numpy`` of the same arrays give."""
-
-    ALIGN = 64
-
-    def __init__(self) -> None:
-        self.slots: list[_Slot] = []
-
-    def array(self, value: np.ndarray) -> _Slot:
-        value = np.asarray(value)
-        return self._add(_Slot([value], value.dtype, value.shape, None))
-
-    def rows(self, values: list[np.ndarray], *, axis: int = 0) -> _Slot:
-        """``values`` stacked along a new ``axis`` (0, or 1 for mRoPE positions)."""
-        dtype = values[0].dtype
-        for value in values[1:]:
-            if value.dtype != dtype:
-                dtype = _promote(dtype, value.dtype)
-        shape = list(values[0].shape)
-        shape.insert(axis, len(values))
-        return self._add(_Slot(values, dtype, tuple(shape), axis))
-
-    def _add(self, slot: _Slot) -> _Slot:
-        self.slots.append(slot)
-        return slot
-
-    def place(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """``batch`` with every slot replaced by its tensor. In a ``DataLoader`` worker every
-        tensor is a view into one shared-memory buffer; in the main process (nothing to hand
-        over) a pack's own arrays stay zero-copy ``torch.from_numpy`` views and only the
-        stacked rows are laid out in the buffer."""
-        import torch
-
-        worker = torch.utils.data.get_worker_info() is not None
-        slots = self.slots if worker else [s for s in self.slots if s.axis is not None]
-        offsets, total = [], 0
-        for slot in slots:
-            offsets.append(total)
-            total += -(-slot.nbytes // self.ALIGN) * self.ALIGN
-        if total and worker:
-            # a worker's batch goes to shared memory anyway: moved there while still empty
-            # (public API: share_memory_ copies the uninitialised bytes once, a memcpy), the
-            # batch is then written once, into shared memory
-            buffer = torch.empty(total, dtype=torch.uint8).share_memory_()
-        else:
-            buffer = torch.empty(total, dtype=torch.uint8)
-        tensors = {id(s): torch.from_numpy(s.parts[0]) for s in self.slots if s.axis is None}
-        for slot, offset in zip(slots, offsets, strict=True):
-            tensor = buffer[offset : offset + slot.nbytes].view(_torch_dtype(slot.dtype))
-            tensor = tensor.view(slot.shape)
-            slot.fill(tensor.numpy())
-            tensors[id(slot)] = tensor
-
-        def swap(value: Any) -> Any:
-            if isinstance(value, _Slot):
-                return tensors[id(value)]
-            if isinstance(value, list):
-                return [swap(v) for v in value]
-            return value
-
-        return {key: swap(value) for key, value in batch.items()}
-
-
-@functools.cache
-def _torch_dtype(dtype: np.dtype) -> Any:
-    import torch
-
-    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-
-
-def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
-    """The dtype ``torch.stack`` gives arrays of ``a`` and ``b`` (torch's promotion rules)."""
-    import torch
-
-    return torch.empty(0, dtype=torch.promote_types(_torch_dtype(a), _torch_dtype(b))).numpy().dtype
+        batch[name] = [torch.from_numpy(p.media.get(name, empty)) for p in packs]
+    return batch
 
 
 def model_fields(batch: Mapping[str, Any]) -> tuple[list[str], list[str]]:
