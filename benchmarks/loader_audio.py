@@ -62,13 +62,14 @@ def build(root: Path, count: int, *, seed: int) -> dict[str, Path]:
             }
 
         data = clip(suffix, seconds=float(rng.uniform(1, 6)), seed=i)
-        # the clip as a part beside the document (write_shards writes every part it is given)
         with_audio.append(
             Conversation(
-                key=f"a{i:06d}", document=document({"type": "audio", "audio": name}), images={}
+                key=f"a{i:06d}",
+                document=document({"type": "audio", "audio": name}),
+                images={},
+                audios={name: data},
             )
         )
-        with_audio[-1].videos[name] = data
         without.append(
             Conversation(
                 key=f"a{i:06d}", document=document({"type": "text", "text": "(a clip)"}), images={}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import tarfile
 
 import pytest
 from click.testing import CliRunner
@@ -288,6 +290,92 @@ def test_demo_video_section_counts_what_the_loader_packed(tmp_path, video_packs)
     second = tmp_path / "demo-video.png"
     assert f"picture of the first {len(batches)} packs with videos: {second}" in section
     assert second.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- audio: sample_data/audio (8 of its 16 conversations hold 1-2 clips) ---------------
+
+AUDIO_DATA = SAMPLE_DATA / "audio"
+
+
+def test_demo_audio_section_counts_what_the_loader_packed(tmp_path):
+    """The demo's audio section packs the bundled clips through the tiny offline Qwen2.5-Omni
+    processor; its numbers are a direct loader run's through the same processor, counted from
+    the packs: conversations with audio, clips (one audio-token run each, every one of the
+    documents' ``audios``), audio and image tokens, real tokens."""
+    from helpers import require_processor_media
+
+    from energon_packing.testing.families import build
+
+    require_processor_media("qwen2_5_omni")
+    picture = tmp_path / "demo.png"
+    output = invoke(
+        "demo", "--data", VIDEO_DATA, "--videos", VIDEO_DATA, "--audio", AUDIO_DATA,
+        "--picture", picture,
+    )  # fmt: skip
+    te = PackingTaskEncoder(
+        processor=build("qwen2_5_omni", model=False)[0],
+        max_input_seq_length=2048,
+        pad_multiple=8,
+        carry=True,
+        max_skips_without_pack=None,
+    )
+    batches = [b for b in loader_batches(AUDIO_DATA, te, buffer=64) if b["input_ids"].shape[0]]
+    audio_id = te.chat.audio.token_id
+    layouts = [
+        pack_segments(b, 0, image_pad_id=te.image_token_id, audio_pad_id=audio_id) for b in batches
+    ]
+    segments = [s for layout in layouts for s in layout.segments]
+    documents = {}  # every document's audios, read from the shards themselves
+    for shard in sorted((AUDIO_DATA / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".json"):
+                    documents[member.name] = json.load(tar.extractfile(member)).get("audios", [])
+    clips = sum(len(s.audios) for s in segments)
+    assert (
+        clips == sum(map(len, documents.values())) == 10
+    )  # every clip of the documents, packed once
+    with_audio = sum(bool(s.audios) for s in segments)
+    audio_tokens = sum(int((b["input_ids"][0] == audio_id).sum()) for b in batches)
+    image_tokens = sum(int((b["input_ids"][0] == te.image_token_id).sum()) for b in batches)
+    real = sum(int(b["cu_seqlens"][0][-1]) for b in batches)
+    section = output[output.index(f"\nAudio: {AUDIO_DATA}\n") :]
+    stats = te.stats
+    assert stats.read == stats.packed == 16 and not stats.skipped
+    assert re.search(
+        rf"^  16 conversations read, 16 packed into {len(batches)} packs of 2048 tokens in "
+        r"[\d.]+ s \(same loader, buffer 64, carry on\) through "
+        r"ProcessorChat\(Qwen2_5OmniProcessor, family=qwen2_5_omni\)$",
+        section,
+        re.M,
+    )
+    assert (
+        f"  in the packs: {with_audio} conversations with audio, {clips} audio clips, "
+        f"{audio_tokens:,} audio tokens, {image_tokens:,} image tokens, {real:,} real tokens\n"
+    ) in section
+    assert with_audio == 8 and audio_tokens > 0
+    third = tmp_path / "demo-audio.png"
+    assert f"picture of the first {len(batches)} packs with audio: {third}" in section
+    assert third.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_audio_section_names_what_to_install(tmp_path, monkeypatch):
+    """Without transformers the audio section says what it needs, and the demo goes on."""
+    import energon_packing.testing.families as families
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'transformers'", name="transformers")
+
+    monkeypatch.setattr(families, "build", missing)
+    output = invoke(
+        "demo", "--data", VIDEO_DATA, "--videos", VIDEO_DATA, "--audio", AUDIO_DATA,
+        "--picture", tmp_path / "demo.png",
+    )  # fmt: skip
+    assert output.endswith(
+        f"\nAudio: {AUDIO_DATA}\n  not packed: audio needs a processor that takes it "
+        "(Qwen2.5-Omni, Qwen3-Omni), and transformers is not installed: pip install "
+        "'transformers>=5.5' (or the checkout with [hf])\n"
+    )
 
 
 def test_stats_counts_the_video_tokens_of_every_conversation():

@@ -1,4 +1,5 @@
-"""Synthetic audio clips, encoded with PyAV's own encoders (nothing downloaded).
+"""Synthetic audio clips, encoded with PyAV's own encoders (nothing downloaded), and
+conversations about them.
 
     data = clip("wav", seconds=1.5, rate=16000, channels=1, seed=0)
 
@@ -9,10 +10,14 @@ A clip is a few tones plus noise, so every mel bin and every resampler tap sees 
 from __future__ import annotations
 
 import io
+import random
+from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["FORMATS", "clip"]
+from energon_packing.testing.synth import Conversation, conversation
+
+__all__ = ["FORMATS", "audio_conversation", "audio_conversations", "clip", "tones"]
 
 #: suffix -> (container format, codec, sample format)
 FORMATS = {
@@ -39,7 +44,7 @@ def clip(
     t = np.arange(n) / rate
     waves = []
     for c in range(channels):
-        f1, f2 = rng.uniform(100, 3000, size=2)
+        f1, f2 = rng.uniform(100, 3000, size=2)  # tones(seed) for c == 0
         wave = 0.3 * np.sin(2 * np.pi * f1 * t) + 0.2 * np.sin(2 * np.pi * f2 * t + c)
         waves.append(wave + 0.05 * rng.standard_normal(n))
     samples = np.clip(np.stack(waves), -1, 1).astype(np.float32)
@@ -65,3 +70,66 @@ def clip(
         container.mux(packet)
     container.close()
     return out.getvalue()
+
+
+def tones(seed: int) -> tuple[float, float]:
+    """The two tone frequencies (Hz) of :func:`clip`'s first channel for ``seed``."""
+    f1, f2 = np.random.default_rng(seed).uniform(100, 3000, size=2)
+    return float(f1), float(f2)
+
+
+def _heard(seed: int, seconds: float) -> str:
+    low, high = sorted(round(f, -1) for f in tones(seed))
+    return f"Two tones, near {low:.0f} Hz and {high:.0f} Hz, over a little noise, for about {seconds:.1f} seconds."
+
+
+def audio_conversation(
+    rng: random.Random, key: str, *, suffix: str = "flac", seconds: float = 2.0, clips: int = 1
+) -> Conversation:
+    """A conversation about ``clips`` synthetic clips (``speech.<suffix>``, ``speech1.<suffix>``,
+    ...): what is heard in them (their true tones and length), both content styles
+    (``<audio>`` strings with an ``audios`` list, and ``{"type": "audio"}`` parts), sometimes
+    a follow-up question."""
+    names = [f"speech{'' if i == 0 else i}.{suffix}" for i in range(clips)]
+    seeds = [rng.randrange(1 << 30) for _ in names]
+    lengths = [round(seconds * rng.uniform(0.6, 1.0), 2) for _ in names]
+    audios = {n: clip(suffix, seconds=s, seed=z) for n, s, z in zip(names, lengths, seeds)}
+    question = "What do you hear?" if clips == 1 else "Describe each clip in turn."
+    answer = " ".join(
+        (f"Clip {i + 1}: " if clips > 1 else "") + _heard(z, s)
+        for i, (z, s) in enumerate(zip(seeds, lengths))
+    )
+    if rng.random() < 0.5:
+        content: list[dict] | str = [{"type": "audio", "audio": n} for n in names]
+        content.append({"type": "text", "text": question})
+    else:
+        content = "<audio>\n" * clips + question
+    messages: list[dict] = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": answer},
+    ]
+    if rng.random() < 0.4:
+        messages.append({"role": "user", "content": "Is any of it speech?"})
+        messages.append({"role": "assistant", "content": "No, only tones and noise."})
+    return Conversation(
+        key=key, document={"messages": messages, "audios": names}, images={}, audios=audios
+    )
+
+
+def audio_conversations(n: int, *, seed: int, prefix: str = "audio") -> Iterator[Conversation]:
+    """``n`` conversations: every other one about 1-2 clips (the formats of :data:`FORMATS`
+    in turn, 1-3 s), the others :func:`~energon_packing.testing.synth.conversation`'s mix
+    of 0-2 images and text only."""
+    rng = random.Random(seed)
+    suffixes = list(FORMATS)
+    for index in range(n):
+        key = f"{prefix}{index:06d}"
+        if index % 2:
+            yield conversation(rng, key, max_images=2)
+            continue
+        suffix = suffixes[(index // 2) % len(suffixes)]
+        # PCM is 32 KB a second: keep the bundled WAV short
+        seconds = 1.0 if suffix == "wav" else rng.uniform(1.5, 3.0)
+        yield audio_conversation(
+            rng, key, suffix=suffix, seconds=seconds, clips=2 if index % 6 == 4 else 1
+        )

@@ -306,13 +306,14 @@ def essay(rng: random.Random, topic: str, sentences: int) -> str:
 
 @dataclass(kw_only=True, slots=True)
 class Conversation:
-    """One generated sample: its JSON document, its image parts and its video parts (name ->
+    """One generated sample: its JSON document, its image, video and audio parts (name ->
     bytes)."""
 
     key: str
     document: dict
     images: dict[str, bytes]
     videos: dict[str, bytes] = field(default_factory=dict)
+    audios: dict[str, bytes] = field(default_factory=dict)
 
 
 def conversation(rng: random.Random, key: str, *, max_images: int = 3) -> Conversation:
@@ -402,8 +403,8 @@ def write_shards(
     prefix: str = "shard",
     mtime: float | None = None,
 ) -> list[Path]:
-    """Writes WebDataset tars: ``<key>.json`` plus ``<key>.<image name>`` and ``<key>.<video
-    name>`` parts.
+    """Writes WebDataset tars: ``<key>.json`` plus ``<key>.<image name>``, ``<key>.<video
+    name>`` and ``<key>.<audio name>`` parts.
 
     Args:
         directory: Where the shards go (created).
@@ -428,6 +429,7 @@ def write_shards(
         sample = {"__key__": item.key, "json": json.dumps(item.document).encode()}
         sample.update(item.images)
         sample.update(item.videos)
+        sample.update(item.audios)
         writer.write(sample)
     if writer is not None:
         writer.close()

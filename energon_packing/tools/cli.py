@@ -26,6 +26,8 @@ __all__ = ["main"]
 REPO_SAMPLE_DATA = Path(__file__).resolve().parents[2] / "sample_data"
 #: The bundled dataset with videos (``sample_data/regenerate.py`` writes it).
 REPO_VIDEO_DATA = REPO_SAMPLE_DATA / "video"
+#: The bundled dataset with audio clips (``sample_data/regenerate.py`` writes it).
+REPO_AUDIO_DATA = REPO_SAMPLE_DATA / "audio"
 
 
 def _quiet(*, progress: bool = False) -> None:
@@ -187,6 +189,16 @@ def _processor_option(fn):
     "picture (<picture>-video.png). Default: the bundled sample_data/video, unless --data is "
     "given.",
 )
+@click.option(
+    "--audio",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    callback=_prepared,
+    default=None,
+    help="A prepared dataset with audio clips, packed after the videos through --processor "
+    "(default: the tiny offline Qwen2.5-Omni processor, random weights, the family's own "
+    "layout) and drawn in a third picture (<picture>-audio.png). Default: the bundled "
+    "sample_data/audio, unless --data is given.",
+)
 @_processor_option
 @click.pass_context
 def demo(
@@ -198,10 +210,11 @@ def demo(
     picture: Path,
     shown: int,
     videos: Path | None,
+    audio: Path | None,
     processor: Path | None,
 ) -> None:
     """Pack the bundled sample data through the real Energon loader and report; then the
-    bundled conversations with videos (or --videos PATH)."""
+    bundled conversations with videos (or --videos PATH) and with audio (or --audio PATH)."""
     _quiet()
     if data is None:
         raise click.UsageError("no bundled sample_data next to this install; pass --data PATH")
@@ -211,6 +224,12 @@ def demo(
         and (REPO_VIDEO_DATA / ".nv-meta").is_dir()
     ):
         videos = REPO_VIDEO_DATA
+    if (
+        audio is None
+        and ctx.get_parameter_source("data") is click.core.ParameterSource.DEFAULT
+        and (REPO_AUDIO_DATA / ".nv-meta").is_dir()
+    ):
+        audio = REPO_AUDIO_DATA
     from energon_packing.loader.loading import epoch
     from energon_packing.packing import lower_bound
     from energon_packing.schema import is_empty
@@ -280,45 +299,96 @@ def demo(
         title=f"first {len(layouts)} loader packs of {data.name} (C={capacity}, carry)",
     )
     click.echo(f"picture of the first {len(layouts)} packs: {picture}")
+    knobs = dict(knobs, processor=processor)
     if videos is not None:
-        knobs = dict(knobs, processor=processor)
         _demo_videos(videos, knobs=knobs, buffer=buffer, picture=picture, shown=shown)
+    if audio is not None:
+        _demo_audio(audio, knobs=knobs, buffer=buffer, picture=picture, shown=shown)
 
 
 def _demo_videos(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: int) -> None:
     """The demo's video section: ``path`` packed through the real loader with the demo's
-    knobs; what the packs hold, counted from the packs themselves, and a picture with the
-    video tokens marked."""
+    knobs."""
+    from energon_packing.tools.report import video_token_id
+
+    te = _encoder(tokenizer="bundled", carry=True, **knobs)
+    click.echo(f"\nVideos: {path}")
+    if video_token_id(te) is None:
+        click.echo(f"  not packed: {te.chat!r} takes no videos")
+        return
+    _demo_media("video", path, te, buffer=buffer, picture=picture, shown=shown)
+
+
+def _demo_audio(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: int) -> None:
+    """The demo's audio section: ``path`` packed through the real loader, with ``--processor``
+    where given, else the tiny offline Qwen2.5-Omni processor (random weights need none: its
+    layout, tokens and features are the family's own)."""
+    from energon_packing.tools.report import audio_token_id
+
+    click.echo(f"\nAudio: {path}")
+    processor = knobs["processor"]
+    if processor is None:
+        try:
+            from energon_packing.testing.families import build
+
+            processor = build("qwen2_5_omni", model=False)[0]
+        except ImportError as e:
+            click.echo(
+                f"  not packed: audio needs a processor that takes it (Qwen2.5-Omni, "
+                f"Qwen3-Omni), and {e.name or e} is not installed: pip install "
+                "'transformers>=5.5' (or the checkout with [hf])"
+            )
+            return
+    try:
+        te = _encoder(tokenizer="bundled", carry=True, **dict(knobs, processor=processor))
+    except click.UsageError as e:  # a transformers release the family needs more of
+        click.echo(f"  not packed: {e.message}")
+        return
+    if audio_token_id(te) is None:
+        click.echo(f"  not packed: {te.chat!r} takes no audio")
+        return
+    _demo_media("audio", path, te, buffer=buffer, picture=picture, shown=shown)
+
+
+def _demo_media(kind: str, path: Path, te, *, buffer: int, picture: Path, shown: int) -> None:
+    """One media section of the demo: what the packs hold, counted from the packs themselves,
+    and a second picture (``<picture>-<kind>.png``) with the ``kind`` tokens marked."""
     from energon_packing.loader.loading import epoch
     from energon_packing.schema import is_empty
     from energon_packing.tools.picture import draw, pack_segments
-    from energon_packing.tools.report import format_skipped, video_token_id
+    from energon_packing.tools.report import audio_token_id, format_skipped, video_token_id
 
-    te = _encoder(tokenizer="bundled", carry=True, **knobs)
-    video_pad = video_token_id(te)
-    click.echo(f"\nVideos: {path}")
-    if video_pad is None:
-        click.echo(f"  not packed: {te.chat!r} takes no videos")
-        return
     start = time.perf_counter()
     batches = [b for b in epoch(path, te, packing_buffer_size=buffer) if not is_empty(b)]
     seconds = time.perf_counter() - start
     stats = te.stats
+    pads = dict(
+        image_pad_id=te.image_token_id,
+        video_pad_id=video_token_id(te),
+        audio_pad_id=audio_token_id(te),
+    )
     layouts = [
-        pack_segments(b, row, image_pad_id=te.image_token_id, video_pad_id=video_pad)
-        for b in batches
-        for row in range(len(b["source_ids"]))
+        pack_segments(b, row, **pads) for b in batches for row in range(len(b["source_ids"]))
     ]
     segments = [s for layout in layouts for s in layout.segments]
-    clips = sum(len(s.video_grids) for s in segments)
+    if kind == "video":
+        clips = sum(len(s.video_grids) for s in segments)
+        held = sum(bool(s.video_grids) for s in segments)
+        tokens = sum(p.video_tokens for p in layouts)
+    else:
+        clips = sum(len(s.audios) for s in segments)
+        held = sum(bool(s.audios) for s in segments)
+        tokens = sum(p.audio_tokens for p in layouts)
+    label = "videos" if kind == "video" else kind
+    through = f" through {te.chat!r}" if kind == "audio" else ""
     click.echo(
         f"  {stats.read} conversations read, {stats.packed} packed into {stats.packs} packs of "
-        f"{knobs['capacity']} tokens in {seconds:.1f} s (same loader, buffer {buffer}, carry on)"
+        f"{te.config.max_input_seq_length} tokens in {seconds:.1f} s (same loader, buffer "
+        f"{buffer}, carry on){through}"
     )
     click.echo(
-        f"  in the packs: {sum(bool(s.video_grids) for s in segments)} conversations with "
-        f"videos, {clips} video clips, {sum(p.video_tokens for p in layouts):,} video tokens, "
-        f"{sum(p.image_tokens for p in layouts):,} image tokens, "
+        f"  in the packs: {held} conversations with {label}, {clips} {kind} clips, "
+        f"{tokens:,} {kind} tokens, {sum(p.image_tokens for p in layouts):,} image tokens, "
         f"{sum(p.real_tokens for p in layouts):,} real tokens"
     )
     click.echo(f"  efficiency {100 * stats.efficiency:.1f} % real tokens")
@@ -326,14 +396,15 @@ def _demo_videos(path: Path, *, knobs: dict, buffer: int, picture: Path, shown: 
     if not layouts:
         return
     shown_layouts = layouts[:shown]
-    second = picture.with_name(f"{picture.stem}-video{picture.suffix}")
+    second = picture.with_name(f"{picture.stem}-{kind}{picture.suffix}")
+    marks = "video tokens xxxx" if kind == "video" else "audio tokens ...."
     draw(
         shown_layouts,
         second,
-        title=f"first {len(shown_layouts)} loader packs of {path.name} (C={knobs['capacity']}, "
-        f"carry): video tokens xxxx, image tokens ////",
+        title=f"first {len(shown_layouts)} loader packs of {path.name} (C="
+        f"{te.config.max_input_seq_length}, carry): {marks}, image tokens ////",
     )
-    click.echo(f"picture of the first {len(shown_layouts)} packs with videos: {second}")
+    click.echo(f"picture of the first {len(shown_layouts)} packs with {label}: {second}")
 
 
 def _nothing_to_pack(path, te, capacity, pad_multiple, max_pixels, tokenizer, processor):
@@ -410,8 +481,10 @@ def _encoder(capacity, pad_multiple, max_pixels, overlong, tokenizer, processor,
             f"--capacity {fits} or a --pad-multiple that divides {capacity}"
         )
     try:
-        if processor is not None:
+        if isinstance(processor, (str, Path)):
             return PackingTaskEncoder(processor=str(processor), **knobs)
+        if processor is not None:  # a processor object (the demo's tiny offline one)
+            return PackingTaskEncoder(processor=processor, **knobs)
         return PackingTaskEncoder(tokenizer=tokenizer, **knobs)
     except (ValueError, TypeError) as e:  # the config's own checks: name the flags
         raise click.UsageError(_flag_names(" ".join(str(e).split()))) from None
