@@ -49,7 +49,8 @@ def clip(
         waves.append(wave + 0.05 * rng.standard_normal(n))
     samples = np.clip(np.stack(waves), -1, 1).astype(np.float32)
     out = io.BytesIO()
-    container = av.open(out, mode="w", format=container_format)
+    # bitexact: no random Ogg stream serial, no encoder version tag: the same clip, the same bytes
+    container = av.open(out, mode="w", format=container_format, options={"fflags": "+bitexact"})
     stream = container.add_stream(codec, rate=rate)
     stream.layout = "mono" if channels == 1 else "stereo"
     step = 1024
