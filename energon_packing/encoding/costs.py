@@ -43,14 +43,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOWER = {"depth": 32, "hidden_size": 1280, "intermediate_size": 5120}
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    if isinstance(config, Mapping):
-        value = config.get(name, default)
-    else:
-        value = getattr(config, name, default)
-    return default if value is None else value
-
-
 def _as_dict(config: Any) -> dict:
     """A ``transformers`` config (``to_dict``), a mapping, or a path's ``config.json``."""
     if isinstance(config, Mapping):

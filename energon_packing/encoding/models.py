@@ -36,6 +36,7 @@ __all__ = [
     "model_info",
     "model_info_for_type",
     "read_model_info",
+    "text_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,10 @@ def _get(config: Any, name: str) -> Any:
         return None
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
+    """The decoder's config of a ``transformers`` config (``gettext_config(decoder=True)``) or
+    of its ``config.json`` as a dict (``text_config`` / ``llm_config``); the config itself
+    where it is flat."""
     if isinstance(config, Mapping):
         text = config.get("text_config") or config.get("llm_config")
         return text if isinstance(text, Mapping) else config
@@ -164,7 +168,7 @@ def _text_config(config: Any) -> Any:
 def model_info(config: Any, *, source: str = "") -> ModelInfo:
     """:class:`ModelInfo` of a ``transformers`` config (or its ``config.json`` as a dict)."""
     model_type = _get(config, "model_type") or ""
-    text = _text_config(config)
+    text = text_config(config)
     text_type = _get(text, "model_type") or model_type
     return ModelInfo(
         model_type=str(model_type),
@@ -211,7 +215,7 @@ def model_info_for_type(model_type: str) -> ModelInfo:
             f"use the model_type of the model's config.json"
         ) from e
     info = model_info(config, source=f"model_type={model_type!r}")
-    text_type = _get(_text_config(config), "model_type")
+    text_type = _get(text_config(config), "model_type")
     hidden = _DEFAULT_HIDES.get(model_type) or _DEFAULT_HIDES.get(text_type)
     if hidden and not info.stateful_layers:  # its default config lists no such layer
         kinds = (hidden,) * max(len(info.layer_types), 1)

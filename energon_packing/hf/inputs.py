@@ -41,7 +41,12 @@ import torch
 
 from energon_packing.encoding import hf_compat
 from energon_packing.encoding.families import REFUSED, family_of_model
-from energon_packing.encoding.models import StatefulLayersError, check_layers, model_info
+from energon_packing.encoding.models import (
+    StatefulLayersError,
+    check_layers,
+    model_info,
+    text_config,
+)
 from energon_packing.hf.masks import gemma3_mask_mapping
 from energon_packing.schema import (
     CU_SEQLENS,
@@ -82,16 +87,11 @@ class HFInputs(dict):
     __slots__ = ("cu_seqlens", "cu_seqlens_padded", "loss_weights", "source_ids")
 
 
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
-
-
 def _has_mrope(config: Any) -> bool:
     family = family_of_model(getattr(config, "model_type", None))
     if family is not None and family.mrope:  # ERNIE-4.5-VL's config may leave it to a default
         return True
-    text = _text_config(config)
+    text = text_config(config)
     for name in ("rope_parameters", "rope_scaling"):
         rope = getattr(text, name, None)
         if isinstance(rope, Mapping) and rope.get("mrope_section") is not None:
@@ -103,7 +103,7 @@ def _dtype_of(model: Any, config: Any) -> torch.dtype:
     """The dtype an additive mask must have (sdpa wants the query's)."""
     if isinstance(getattr(model, "dtype", None), torch.dtype):
         return model.dtype
-    for owner in (_text_config(config), config):
+    for owner in (text_config(config), config):
         dtype = getattr(owner, "dtype", None) if owner is not None else None
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, None)
@@ -167,7 +167,7 @@ def to_hf(
     model_type = getattr(config, "model_type", None)
     if model_type in REFUSED:
         raise ValueError(f"to_hf: model type {model_type!r} is not packed: {REFUSED[model_type]}")
-    attn = attn_implementation or hf_compat.attn_implementation(_text_config(config))
+    attn = attn_implementation or hf_compat.attn_implementation(text_config(config))
     varlen = "flash" in (attn or "")
     if config is not None and _stateful(config, model, allow_stateful_layers):
         varlen = True  # the boundaries are what those layers' kernels read
@@ -215,7 +215,7 @@ def to_hf(
         inputs["attention_mask"] = gemma3_mask_mapping(
             cu_seqlens_padded=cu_padded,
             token_type_ids=token_types,
-            sliding_window=int(_text_config(config).sliding_window),
+            sliding_window=int(text_config(config).sliding_window),
             dtype=_dtype_of(model, config),
             block_layers=block_layers,
             window_cuts_blocks=True if family.name != "gemma3" else None,
@@ -244,7 +244,7 @@ def _block_layers(family: Any, config: Any) -> tuple[str, ...]:
     ``"all"`` (no layer causal) is refused."""
     if family.name != "gemma4":
         return family.block_layers
-    mode = getattr(_text_config(config), "use_bidirectional_attention", None)
+    mode = getattr(text_config(config), "use_bidirectional_attention", None)
     if mode == "all":
         raise ValueError(
             f"to_hf: {config.model_type!r} with use_bidirectional_attention='all' attends both "
