@@ -163,12 +163,12 @@ def processor_media_refusal(processor: Any, family: Any = None) -> str | None:
     name = processor.__name__ if isinstance(processor, type) else type(processor).__name__
     return (
         f"transformers {transformers.__version__}: {name} has no replace_image_token / "
-        f"get_text_with_replacements of its own (transformers {_dotted(PROCESSOR_MEDIA_SINCE)} "
-        f"for Qwen2/2.5/3-VL and Idefics3, {_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for Gemma 3, "
-        f"SmolVLM and LLaVA-OneVision) and energon_packing knows no expansion rule of this "
-        f"release for it: the processor path with images and videos needs transformers >="
-        f"{_dotted(LATER_PROCESSOR_MEDIA_SINCE)} for it; on this release use the built-in "
-        f"layout (tokenizer=...) or a text processor, or upgrade transformers"
+        f"get_text_with_replacements of its own and energon_packing knows no expansion rule of "
+        f"this release for it (it knows one for the first eleven families back to 5.5, "
+        f"docs/compatibility.md): the processor path with images and videos needs a transformers "
+        f"release where {name} defines them (not before {_dotted(PROCESSOR_MEDIA_SINCE)}; the "
+        f"later families are proven on the newest release CI runs); on this release use the "
+        f"built-in layout (tokenizer=...) or a text processor, or upgrade transformers"
     )
 
 
