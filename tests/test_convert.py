@@ -823,3 +823,40 @@ def test_dataset_video_entries_keep_their_bytes_and_name_their_container(tmp_pat
     ]
     assert members["r000000000.vid0.webm"] == webm and members["r000000001.vid0.mov"] == mp4
     assert json.loads(members["r000000001.json"])["videos"] == ["vid0.mov"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "missing", "unreadable"),
+    [
+        ("image", "missing_image", "unreadable_image"),
+        ("video", "missing_video", "unreadable_video"),
+        ("audio", "missing_audio", "audio_unreadable"),
+    ],
+)
+def test_every_kind_of_media_entry_is_read_alike_with_its_own_reasons(
+    tmp_path, kind, missing, unreadable
+):
+    """Images, videos and audio clips are read by one rule: a datasets dict, bytes, a
+    ``data:`` URI, a ``file://`` path; a broken entry is reported under its own kind's reason
+    (an audio ``data:`` URI that is not base64 once came out ``unreadable_image``)."""
+    from energon_packing.errors import Skip
+    from energon_packing.incoming.media import MediaLoader, _entry
+
+    assert _entry({"bytes": b"x", "path": "a/b"}, kind, 7) == (b"x", "a/b")
+    assert _entry(bytearray(b"xy"), kind, 7) == (b"xy", None)
+    assert _entry("data:x/y;base64,eHk=", kind, 7) == (b"xy", None)
+    assert _entry("file:///d/c.bin", kind, 7) == (None, "/d/c.bin")
+    cases = [
+        ({}, missing, "entry with neither bytes nor path (record id 7)"),
+        ("data:x/y,plain", unreadable, "a data: URI that is not base64 (record id 7)"),
+        ("data:x/y;base64,@@", unreadable, "a data: URI that does not decode"),
+        (3, "malformed_record", f"{kind} given as int (record id 7)"),
+    ]
+    for source, reason, detail in cases:
+        with pytest.raises(Skip) as info:
+            _entry(source, kind, 7)
+        assert (info.value.reason, detail in info.value.detail) == (reason, True), info.value
+    # the reader itself, end to end: a missing file under its kind's reason
+    with pytest.raises(Skip) as info:
+        MediaLoader(tmp_path, decode=False)(f"nowhere.{kind}", kind, record_id=7)
+    assert info.value.reason == missing

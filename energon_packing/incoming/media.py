@@ -99,18 +99,7 @@ class MediaLoader:
             return self._video(source, record_id)
         if kind == "audio":
             return self._audio(source, record_id)
-        path = None
-        if isinstance(source, dict):  # a datasets Image entry
-            data, path = source.get("bytes"), source.get("path")
-            if data is None and path is None:
-                raise Skip("missing_image", f"an {kind} entry with neither bytes nor path")
-        elif isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        elif isinstance(source, str):
-            data = data_uri(source)
-            path = None if data is not None else source.removeprefix("file://")
-        else:
-            raise Skip("malformed_record", f"an {kind} given as {type(source).__name__}")
+        data, path = _entry(source, kind, record_id)
         if data is None:
             return self._file(path, kind, record_id)
         suffix = sniff_suffix(data)
@@ -148,28 +137,7 @@ class MediaLoader:
 
     def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
         """A video's bytes (a file's stay in it) and its part suffix."""
-        name = None
-        if isinstance(source, dict):  # a datasets Video entry
-            data, name = source.get("bytes"), source.get("path")
-            if data is None and name is None:
-                raise Skip(
-                    "missing_video", f"a video entry with neither bytes nor path{of(record_id)}"
-                )
-        elif isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        elif isinstance(source, str):
-            data = _video_uri(source, record_id)
-            name = None if data is not None else source.removeprefix("file://")
-        elif isinstance(source, list):
-            raise Skip(
-                "malformed_record",
-                f"a video given as a list of {len(source)} items (frames?){of(record_id)}: "
-                "convert stores video files; encode the frames into one and name it",
-            )
-        else:
-            raise Skip(
-                "malformed_record", f"a video given as {type(source).__name__}{of(record_id)}"
-            )
+        data, name = _entry(source, "video", record_id)
         if data is None:
             return self._video_file(name, record_id)
         what = f"the video bytes{f' of {name!r}' if name else ''}{of(record_id)}"
@@ -181,22 +149,7 @@ class MediaLoader:
         """A clip's bytes and its part suffix (from its signature, else its name); with
         ``decode``, its length read as the loader will (the header where exact, else a
         decode): an unreadable clip is reported now, not skipped at training time."""
-        name = None
-        if isinstance(source, dict):  # a datasets Audio entry
-            data, name = source.get("bytes"), source.get("path")
-            if data is None and name is None:
-                raise Skip(
-                    "missing_audio", f"an audio entry with neither bytes nor path{of(record_id)}"
-                )
-        elif isinstance(source, (bytes, bytearray)):
-            data = bytes(source)
-        elif isinstance(source, str):
-            data = data_uri(source)
-            name = None if data is not None else source.removeprefix("file://")
-        else:
-            raise Skip(
-                "malformed_record", f"an audio clip given as {type(source).__name__}{of(record_id)}"
-            )
+        data, name = _entry(source, "audio", record_id)
         what = f"audio {'file ' + repr(name) if name else 'bytes'}{of(record_id)}"
         if data is None:
             file = Path(name) if Path(name).is_absolute() else self.root / name
@@ -304,12 +257,40 @@ def of(record_id: Any) -> str:
     return f" (record id {record_id!r})" if record_id is not None else ""
 
 
-def _video_uri(source: str, record_id: Any) -> bytes | None:
-    """The bytes of a ``data:video/...;base64,`` URI, else None."""
-    try:
-        return data_uri(source)
-    except Skip as e:
-        raise Skip("unreadable_video", f"{e.detail}{of(record_id)}") from None
+#: each kind's reasons: (missing entry, unreadable bytes)
+_REASONS = {
+    "image": ("missing_image", "unreadable_image"),
+    "video": ("missing_video", "unreadable_video"),
+    "audio": ("missing_audio", "audio_unreadable"),
+}
+
+
+def _entry(source: Any, kind: str, record_id: Any) -> tuple[bytes | None, str | None]:
+    """A record's media entry as ``(bytes, its name or None)`` or ``(None, its path)``: a
+    datasets ``Image`` / ``Video`` / ``Audio`` dict, raw bytes, a ``data:`` URI or a path
+    (``file://`` dropped). Remote URLs are refused before (:func:`_refuse_remote`)."""
+    missing, unreadable = _REASONS.get(kind, _REASONS["image"])
+    an = "an" if kind[0] in "aeiou" else "a"
+    if isinstance(source, dict):  # a datasets Image / Video / Audio entry
+        data, name = source.get("bytes"), source.get("path")
+        if data is None and name is None:
+            raise Skip(missing, f"{an} {kind} entry with neither bytes nor path{of(record_id)}")
+        return data, name
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source), None
+    if isinstance(source, str):
+        try:
+            data = data_uri(source)
+        except Skip as e:
+            raise Skip(unreadable, f"{e.detail}{of(record_id)}") from None
+        return (data, None) if data is not None else (None, source.removeprefix("file://"))
+    if isinstance(source, list) and kind == "video":
+        raise Skip(
+            "malformed_record",
+            f"a video given as a list of {len(source)} items (frames?){of(record_id)}: "
+            "convert stores video files; encode the frames into one and name it",
+        )
+    raise Skip("malformed_record", f"{an} {kind} given as {type(source).__name__}{of(record_id)}")
 
 
 def _container(head: bytes) -> str | None:
