@@ -19,16 +19,12 @@ process's ``VmHWM`` plus each worker's (the sum of per-process peaks).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
-from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
+from _runs import finish, spawn, timed_epoch  # benchmarks/_runs.py (this script's folder)
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
@@ -89,8 +85,6 @@ def child(path: str, workers: int) -> None:
     import numpy as np
 
     from energon_packing import PackingTaskEncoder
-    from energon_packing.loader.loading import epoch
-    from energon_packing.schema import is_empty
     from energon_packing.testing.families import build as build_family
 
     te = PackingTaskEncoder(
@@ -101,50 +95,13 @@ def child(path: str, workers: int) -> None:
         max_skips_without_pack=None,
     )
     token = te.chat.audio.token_id
-    peaks: dict[int, float] = {}
-    conversations = packs = audio_tokens = 0
-    start = time.perf_counter()
-    for batch in epoch(path, te, packing_buffer_size=BUFFER, num_workers=workers):
-        for pid in children() if workers else ():
-            peaks[pid] = max(peaks.get(pid, 0.0), status_mib(pid, "VmHWM"))
-        if is_empty(batch):
-            continue
-        packs += len(batch["source_ids"])
-        conversations += sum(len(keys) for keys in batch["source_ids"])
-        audio_tokens += int(np.count_nonzero(np.asarray(batch["input_ids"]) == token))
-    seconds = time.perf_counter() - start
-    print(
-        json.dumps(
-            dict(
-                conversations=conversations,
-                packs=packs,
-                audio_tokens=audio_tokens,
-                skipped=dict(te.stats.skipped),
-                seconds=seconds,
-                conv_per_s=conversations / seconds,
-                main_mb=status_mib("self", "VmHWM"),
-                workers_mb=sum(peaks.values()),
-            )
-        ),
-        flush=True,
-    )
-    import multiprocessing
+    counts = dict(audio_tokens=0)
 
-    for process in multiprocessing.active_children():  # skip the worker teardown
-        process.terminate()
-        process.join(timeout=5)
+    def tally(batch: dict) -> None:
+        counts["audio_tokens"] += int(np.count_nonzero(np.asarray(batch["input_ids"]) == token))
 
-
-def spawn(path: Path, workers: int) -> dict:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", str(path), str(workers)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode:
-        raise SystemExit(f"the run over {path} with {workers} workers failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    run = timed_epoch(path, te, buffer=BUFFER, workers=workers, tally=tally)
+    finish(dict(run, **counts, skipped=dict(te.stats.skipped)))
 
 
 def main() -> None:
@@ -169,7 +126,7 @@ def main() -> None:
         for workers in args.workers:
             rates = {}
             for name, path in datasets.items():
-                r = spawn(path, workers)
+                r = spawn(__file__, path, workers)
                 rates[name] = r["conv_per_s"]
                 print(
                     f"{workers:<8}{name:<15}{r['conversations']:>6}{r['conv_per_s']:>8.1f}"

@@ -26,15 +26,12 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
-from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
+from _runs import finish, spawn, timed_epoch  # benchmarks/_runs.py (this script's folder)
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
@@ -93,8 +90,6 @@ def build(root: Path, count: int | None, *, seed: int) -> dict[str, Path]:
 def child(path: str, workers: int) -> None:
     """One epoch; prints one JSON line."""
     from energon_packing import PackingTaskEncoder
-    from energon_packing.loader.loading import epoch
-    from energon_packing.schema import is_empty
     from energon_packing.tools.report import video_token_id
 
     te = PackingTaskEncoder(
@@ -105,54 +100,15 @@ def child(path: str, workers: int) -> None:
         max_skips_without_pack=None,
     )
     video_pad = video_token_id(te)
-    peaks: dict[int, float] = {}
-    conversations = packs = clips = video_tokens = real = 0
-    start = time.perf_counter()
-    for batch in epoch(path, te, packing_buffer_size=BUFFER, num_workers=workers):
-        for pid in children() if workers else ():
-            peaks[pid] = max(peaks.get(pid, 0.0), status_mib(pid, "VmHWM"))
-        if is_empty(batch):
-            continue
-        packs += len(batch["source_ids"])
-        conversations += sum(len(keys) for keys in batch["source_ids"])
-        clips += sum(len(v) for v in batch.get("video_source_index") or ())
-        video_tokens += int((batch["input_ids"] == video_pad).sum())
-        real += int(sum(int(cu[-1]) for cu in batch["cu_seqlens"]))
-    seconds = time.perf_counter() - start
-    print(
-        json.dumps(
-            dict(
-                conversations=conversations,
-                packs=packs,
-                clips=clips,
-                video_tokens=video_tokens,
-                real_tokens=real,
-                seconds=seconds,
-                conv_per_s=conversations / seconds,
-                main_mb=status_mib("self", "VmHWM"),
-                workers_mb=sum(peaks.values()),
-                processes=len(peaks),
-            )
-        ),
-        flush=True,
-    )
-    import multiprocessing
+    counts = dict(clips=0, video_tokens=0, real_tokens=0)
 
-    for process in multiprocessing.active_children():  # skip the ~5 s/worker teardown
-        process.terminate()
-        process.join(timeout=5)
+    def tally(batch: dict) -> None:
+        counts["clips"] += sum(len(v) for v in batch.get("video_source_index") or ())
+        counts["video_tokens"] += int((batch["input_ids"] == video_pad).sum())
+        counts["real_tokens"] += int(sum(int(cu[-1]) for cu in batch["cu_seqlens"]))
 
-
-def spawn(path: Path, workers: int) -> dict:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", str(path), str(workers)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode:
-        raise SystemExit(f"the run over {path} with {workers} workers failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    run = timed_epoch(path, te, buffer=BUFFER, workers=workers, tally=tally)
+    finish(dict(run, **counts))
 
 
 def main() -> None:
@@ -185,7 +141,7 @@ def main() -> None:
         results: dict[tuple[str, int], dict] = {}
         for workers in args.workers:
             for name, path in datasets.items():
-                runs = [spawn(path, workers) for _ in range(args.repeats)]
+                runs = [spawn(__file__, path, workers) for _ in range(args.repeats)]
                 results[name, workers] = max(runs, key=lambda r: r["conv_per_s"])
         side = f"{'conv':>6}{'conv/s':>8}{'packs':>6}{'clips':>6}{'main MiB':>10}{'workers':>9}"
         width = len(side)
