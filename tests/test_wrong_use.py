@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from click.testing import CliRunner
@@ -183,7 +184,52 @@ _WRONG_CONVERTS = {
         "'texts' + 'images'; --columns messages=dialogue,images=pics reads 1 of the first 1 "
         "rejected.",
     ),
+    "a VQA pair": (
+        "data.jsonl",
+        {"question": "What is it?", "answer": "A cat.", "image": "a.png"},
+        [],
+        "has keys 'question', 'answer', 'image'; --format auto reads turns under "
+        "'conversations' / 'messages' / 'conversation', 'query' + 'response', 'instruction' + "
+        "'output', or 'texts' + 'images'; --columns query=question,response=answer,images=image "
+        "reads 1 of the first 1 rejected.",
+    ),
+    "a problem and its solution": (
+        "data.jsonl",
+        {"Problem": "2+2?", "Solution": "4", "images": []},
+        [],
+        "--columns query=Problem,response=Solution reads 1 of the first 1 rejected.",
+    ),
 }
+
+
+def test_the_suggested_columns_read_a_vqa_pair_with_its_image(tmp_path):
+    """What the one line suggests for a VQA record (question / answer / image) converts it:
+    the question a user turn after its image, the answer the assistant's."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "a.png")
+    source = tmp_path / "vqa.jsonl"
+    source.write_text(json.dumps({"question": "Colour?", "answer": "Red.", "image": "a.png"}))
+    out = tmp_path / "out"
+    flags = ["--columns", "query=question,response=answer,images=image"]
+    result = CliRunner().invoke(main, ["convert", str(source), str(out), *flags])
+    assert result.exit_code == 0, result.output
+    with tarfile.open(next((out / "shards").glob("*.tar"))) as tar:
+        document = json.load(tar.extractfile("r000000000.json"))
+        assert tar.extractfile("r000000000.img0.png").read() == (tmp_path / "a.png").read_bytes()
+    assert document == {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "img0.png"},
+                    {"type": "text", "text": "Colour?"},
+                ],
+            },
+            {"role": "assistant", "content": "Red."},
+        ],
+        "images": ["img0.png"],
+    }
 
 
 @pytest.mark.parametrize("case", list(_WRONG_CONVERTS))

@@ -17,6 +17,10 @@ __all__ = ["TRIED", "why"]
 
 #: Rejected records kept to try the other readers on (:func:`why`).
 TRIED = 20
+#: A single-turn record's prompt and answer under other names (VQA's question / answer, R1-style
+#: problem / solution, prompt / completion, ...): tried as ``--columns query=...,response=...``.
+PROMPT_KEYS = ("question", "prompt", "problem", "human", "user", "instruction")
+ANSWER_KEYS = ("answer", "response", "completion", "solution", "gpt", "assistant", "output")
 
 
 def why(result: Any, rejected: list, how: How, min_converted: float) -> str:
@@ -117,7 +121,26 @@ def _guess_columns(record: dict) -> dict[str, str]:
                 else "images"
             )
             guessed.setdefault(kind, key)
+    prompt = _first_text(record, PROMPT_KEYS)
+    answer = _first_text(record, ANSWER_KEYS)
+    if prompt and answer and prompt != answer:
+        for name, key in (("query", prompt), ("response", answer)):
+            if key != name:  # a key already under its own name needs no mapping
+                guessed.setdefault(name, key)
+        for name, key in (("images", "image"), ("videos", "video")):
+            if key in record and name not in record:  # the pair readers read only the plural
+                guessed.setdefault(name, key)
     return guessed
+
+
+def _first_text(record: dict, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` (any case) whose value in ``record`` is a string."""
+    lowered = {key.lower(): key for key in record}
+    for name in names:
+        key = lowered.get(name)
+        if key is not None and isinstance(record[key], str):
+            return key
+    return None
 
 
 def _looks_like_media(value: Any) -> bool:
