@@ -47,7 +47,6 @@ __all__ = [
     "decode",
     "probe",
     "process",
-    "time_offsets",
 ]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni")
