@@ -338,6 +338,21 @@ def test_qwen2_5_omni_pixels_are_the_real_qwen2_vl_video_processors(family):
     assert checked == 5
 
 
+def test_an_omni_processors_own_size_passes_over_its_video_processors():
+    """A checkpoint's video pixel bounds give way to the Omni processor's own ``size``;
+    ``video_config`` passes over both; ``video_second_per_grid`` follows the call's fps only."""
+    published = {"min_pixels": 3136, "max_pixels": 12845056, "fps": 5.0, "patch_size": 14}
+    rule = video.VideoRule.of("qwen2_5_omni", published)
+    assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (128 * 784, 768 * 784, 1.0)
+    rule = video.VideoRule.of("qwen3_omni", {**published, "patch_size": 16})
+    assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (128 * 1024, 768 * 1024, 2.0)
+    rule = video.VideoRule.of("qwen3_omni", published, overrides={"size": SMALL, "fps": 4.0})
+    assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (3136, 12544, 0.5)
+    # Qwen2-VL itself keeps the checkpoint's bounds and the sampled rate
+    rule = video.VideoRule.of("qwen2_vl", published)
+    assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (3136, 12845056, None)
+
+
 @pytest.mark.parametrize("family", AUDIO_FAMILIES)
 @pytest.mark.parametrize("knob", ["video_config", "audio_config"])
 @pytest.mark.parametrize("key", ["use_audio_in_video", "load_audio_from_video"])

@@ -277,8 +277,10 @@ class VideoRule:
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
     #: the Omni thinkers' ``video_second_per_grid``: temporal patch / the call's fps (the
-    #: processor's default where ``video_config`` gives none); None: from the sampled rate
-    grid_seconds: float | None = None
+    #: processor's default where ``video_config`` gives none); None: from the sampled rate.
+    #: Not in the repr (the restore check's ``video_rule``, as older releases saved it): the
+    #: family and ``video_config`` decide it
+    grid_seconds: float | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -290,7 +292,10 @@ class VideoRule:
     ) -> VideoRule:
         """The family's defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
-        ``overrides`` (``video_config``, the same names)."""
+        ``overrides`` (``video_config``, the same names). The Omni processors pass their own
+        ``size`` over their video processor's pixel bounds (only ``overrides`` pass over it)
+        and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
+        default."""
         if family not in FAMILIES:
             raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
         values = dict(_DEFAULTS[family])
