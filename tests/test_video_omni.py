@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import loader_batches, make_dataset, require_processor_media
+from helpers import conversation_sample, loader_batches, make_dataset, require_processor_media
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.encoding import audio
@@ -316,6 +316,34 @@ def test_omni_videos_are_the_processors_and_packed_logits_each_conversations_own
     assert (size == SMALL) if video_config else (size != SMALL)
     print(f"{family} {video_config}: max |packed - alone| logit difference {worst:.2e}")
     assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+@pytest.mark.processor_media
+def test_to_hf_of_an_omni_pack_gives_each_conversations_own_logits(tmp_path, family):
+    """``to_hf``'s inputs (padding-free: 4-row positions, no mask) of one pack of all the
+    conversations: each source's logits are the thinker's on it alone (sdpa, <= 1e-5)."""
+    from energon_packing.hf import to_hf
+    from energon_packing.schema import collate
+
+    config = {"do_sample_frames": True, "fps": 2.0, "size": SMALL}
+    processor, model, _ = build(family)
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor, video_config=config)
+    pack = te.pack_selected_samples(
+        [te.encode_sample(conversation_sample(k, d, p)) for k, d, p in CONVERSATIONS]
+    ).pack
+    batch = collate([pack])
+    inputs = dict(to_hf(batch, model=model))
+    assert inputs["video_second_per_grid"].tolist() == [1.0] * 5
+    inputs.pop("labels"), inputs.pop("use_cache")  # hf.run passes use_cache=False
+    logits = hf.run(model, inputs)
+    reference_processor = _with_video_processor(build(family, model=False)[0])
+    cu, padded, worst = batch["cu_seqlens"][0], batch["cu_seqlens_padded"][0], 0.0
+    for k, key in enumerate(pack.source_ids):
+        alone = hf.run(model, dict(_reference(reference_processor, key, tmp_path, config)))
+        start, n = int(padded[k]), int(cu[k + 1] - cu[k])
+        worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
+    assert len(pack.source_ids) == len(CONVERSATIONS) and worst <= 1e-5, worst
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_omni"])
