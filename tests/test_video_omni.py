@@ -263,9 +263,10 @@ def test_omni_videos_are_the_processors_and_packed_logits_each_conversations_own
     assert te.chat.video_family == family
     reference_processor = _with_video_processor(build(family, model=False)[0])
     fields = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
-    seen, worst, checked = [], 0.0, 0
+    seen, worst, checked, widest = [], 0.0, 0, 0
     for batch in loader_batches(omni_dataset, te, buffer=8):
         (mb,) = prepacked_microbatches(batch, pad_multiple=8)
+        widest = max(widest, len(mb.source_ids))
         inputs = mb.model_inputs
         logits = hf.run(model, hf.packed_kwargs(inputs, mb.cu_seqlens_padded, info))
         owners = batch["video_source_index"][0]
@@ -310,7 +311,7 @@ def test_omni_videos_are_the_processors_and_packed_logits_each_conversations_own
             worst = max(worst, float((logits[start : start + n] - alone[:n]).abs().max()))
             seen.append(key)
     assert sorted(seen) == sorted(BY_KEY) and not te.stats.skipped
-    assert checked == 5  # the videos of the conversations
+    assert checked == 5 and widest >= 3  # the conversations' videos; packs of several
     # the processor handed its video processor its own size, over the checkpoint's
     size = reference_processor.video_processor.calls[0]["size"]
     assert (size == SMALL) if video_config else (size != SMALL)
