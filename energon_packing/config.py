@@ -539,10 +539,31 @@ class LayoutKnobs:
         )
 
 
+#: The Omni processors' switches for a video's own audio track: not laid out (refused when on).
+AUDIO_IN_VIDEO_KEYS = ("use_audio_in_video", "load_audio_from_video")
+
+
+def _refuse_audio_in_video(name: str, config: Any) -> None:
+    """A video's own audio track (the Omni processors' ``use_audio_in_video``) is refused in
+    one line naming the knob; the switch set off is the default and is accepted."""
+    if not isinstance(config, Mapping):
+        return
+    for key in AUDIO_IN_VIDEO_KEYS:
+        if config.get(key):
+            raise ValueError(
+                f"{name}[{key!r}]={config[key]!r}: a video's own audio track (the Omni "
+                f"processors' {key}) is not laid out by energon_packing; leave it unset (False) "
+                f"and give the audio as an audio part of its own"
+            )
+
+
 def _check_video_config(config: Any) -> None:
     """``video_config``: a dict of the Qwen video processors' settings, each of its type."""
     if config is None:
         return
+    _refuse_audio_in_video("video_config", config)
+    if isinstance(config, Mapping):
+        config = {k: v for k, v in config.items() if k not in AUDIO_IN_VIDEO_KEYS}
     if not isinstance(config, Mapping) or set(config) - set(VIDEO_CONFIG_KEYS):
         raise ValueError(
             f"video_config must be a dict with keys among {', '.join(VIDEO_CONFIG_KEYS)}; got "
@@ -581,6 +602,9 @@ def _check_audio_config(config: Any) -> None:
     """``audio_config``: a dict of the Whisper feature extractor's settings, each of its type."""
     if config is None:
         return
+    _refuse_audio_in_video("audio_config", config)
+    if isinstance(config, Mapping):
+        config = {k: v for k, v in config.items() if k not in AUDIO_IN_VIDEO_KEYS}
     if not isinstance(config, Mapping) or set(config) - set(AUDIO_CONFIG_KEYS):
         raise ValueError(
             f"audio_config must be a dict with keys among {', '.join(AUDIO_CONFIG_KEYS)}; got "

@@ -114,6 +114,9 @@ def make_chat(
     if videos is not None and chat.video_family is not None:
         overrides = getattr(config, "video_config", None)
         chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)
+        per_second = chat.mrope.position_id_per_seconds if chat.mrope is not None else None
+        if per_second is not None:  # the Omni thinkers: their time positions must be whole
+            chat.videos.check_time_aligned(per_second)
     if mrope and chat.mrope is None:
         raise ValueError(
             f"mrope=True, but {chat.family_name} ({chat.name}) does not use mRoPE positions; on "

@@ -429,6 +429,10 @@ class VideoCosting(Protocol):
         """The video's model inputs, decoded now and checked against its plan (the one made
         at encode time; None: made again from the header)."""
 
+    def check_time_aligned(self, position_id_per_seconds: float) -> None:
+        """Raises ValueError where a time-aligned family's (the Omni thinkers') video
+        positions under these settings cannot be packed."""
+
 
 def video_plans(
     refs: MediaRefs,

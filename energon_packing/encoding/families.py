@@ -574,12 +574,15 @@ FAMILIES: tuple[Family, ...] = (
         vision_start="<|begin_of_image|>",
     ),
     # the Omni thinkers: Qwen2-VL's image rule, time-aligned mRoPE (audio positions run on as
-    # text's do; an image's as Qwen2-VL's), audio through the Whisper feature extractor
+    # text's do; an image's as Qwen2-VL's; a video's temporal positions are its patches' times),
+    # audio through the Whisper feature extractor, videos through Qwen2-VL's video processor
+    # (a video's own audio track, use_audio_in_video, is not laid out)
     Family(
         name="qwen2_5_omni",
         classes=("Qwen2_5OmniProcessor",),
         model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
         replacement_inputs=_qwen_inputs,
+        videos=True,
         mrope=True,
         image_rows=_qwen_rows,
         audio=QWEN2_5_OMNI_AUDIO,
@@ -590,6 +593,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen3OmniMoeProcessor",),
         model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
         replacement_inputs=_qwen_inputs,
+        videos=True,
         mrope=True,
         image_rows=_qwen_rows,
         audio=QWEN3_OMNI_AUDIO,

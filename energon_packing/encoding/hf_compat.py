@@ -41,6 +41,7 @@ __all__ = [
     "mixin_token_types",
     "module_function",
     "number_of_features",
+    "omni_position_id_per_seconds",
     "pack_rules",
     "processor_media_api",
     "processor_media_refusal",
@@ -359,6 +360,26 @@ def fractional_time_interval() -> bool:
     newest rule) or by ``tokens_per_second * int(second_per_grid_ts)`` (before 5.18)."""
     found = transformers_version()
     return found is None or found >= FRACTIONAL_TIME_INTERVAL_SINCE
+
+
+#: the Omni thinkers' config classes (their ``position_id_per_seconds``)
+OMNI_THINKER_CONFIGS = {
+    "qwen2_5_omni": "Qwen2_5OmniThinkerConfig",
+    "qwen3_omni": "Qwen3OmniMoeThinkerConfig",
+}
+
+
+@functools.cache
+def omni_position_id_per_seconds(family: str) -> float:
+    """The installed thinker config's default ``position_id_per_seconds`` for ``family`` (a
+    model's own config.json may set another: ``load_processor`` reads it)."""
+    import transformers
+
+    klass = getattr(transformers, OMNI_THINKER_CONFIGS[family])
+    found = getattr(klass, "position_id_per_seconds", None)  # 5.x: a declared field
+    if not isinstance(found, (int, float)) or isinstance(found, bool):
+        found = inspect.signature(klass.__init__).parameters["position_id_per_seconds"].default
+    return float(found)
 
 
 @functools.cache

@@ -37,6 +37,9 @@ class MRope:
     video_pad_id: int | None = None
     #: Qwen2.5-VL's ``vision_config.tokens_per_second`` (None: the family has no time scale)
     tokens_per_second: float | None = None
+    #: the Omni thinkers' ``position_id_per_seconds`` (None: not time-aligned): a video's
+    #: temporal positions are its patches' times, and text resumes after its largest position
+    position_id_per_seconds: float | None = None
 
 
 def token_types(input_ids: Sequence[int], spec: MRope) -> np.ndarray:
@@ -69,12 +72,16 @@ def mrope_positions(
     runs = np.flatnonzero(np.diff(types, prepend=TEXT) != 0)
     kinds = types[runs]
     video_grids = [g for plan in videos for g in plan.rope_grids()]
-    fractional = hf_compat.fractional_time_interval()  # the installed model's rule
-    intervals = [
-        i
-        for plan in videos
-        for i in plan.time_intervals(spec.tokens_per_second, fractional=fractional)
-    ]
+    aligned = spec.position_id_per_seconds is not None
+    if aligned:  # the Omni thinkers: each video's offsets stand in for its interval
+        intervals = [plan.time_aligned(spec.position_id_per_seconds) for plan in videos]
+    else:
+        fractional = hf_compat.fractional_time_interval()  # the installed model's rule
+        intervals = [
+            i
+            for plan in videos
+            for i in plan.time_intervals(spec.tokens_per_second, fractional=fractional)
+        ]
     image_of, video_of = iter(grids), iter(zip(video_grids, intervals))
     ordered, ordered_intervals = [], []
     for kind in kinds[kinds != TEXT]:
@@ -92,6 +99,10 @@ def mrope_positions(
             ordered_intervals.append(found[1])
     if next(image_of, None) is not None or next(video_of, None) is not None:
         raise ValueError(f"{len(grids)} image and {len(videos)} video grids for fewer runs")
+    if aligned:
+        return vision_positions(
+            types, ordered, merge_size=spec.merge_size, time_offsets=ordered_intervals
+        )
     return vision_positions(
         types,
         ordered,
@@ -112,6 +123,7 @@ def vision_positions(
     merge_size: int,
     time_intervals: Sequence[float] = (),
     video_frames_apart: bool = True,
+    time_offsets: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """``[3, n]`` positions as ``get_rope_index`` of Qwen2-VL, Qwen2.5-VL and Qwen3-VL computes
     them for one source (transformers 5.5 to 5.24 alike, given the time intervals).
@@ -137,12 +149,20 @@ def vision_positions(
     before the video times its time interval, and the rows are counted over all frames at once
     (``arange(h).repeat_interleave(w * t)``); images (t = 1) and Qwen3-VL's one-frame grids get
     the same positions either way.
+
+    ``time_offsets`` (the Omni thinkers' time-aligned rule, their ``get_rope_index``): each
+    video run's temporal offset per temporal patch, given whole
+    (:meth:`~energon_packing.media.video.VideoPlan.time_aligned`), in place of the intervals;
+    text after any grid resumes at its largest position + 1 (a video's temporal extent
+    included; for an image the same as above).
     """
     types = np.asarray(token_types, dtype=np.int64)
     positions = np.empty((3, len(types)), dtype=np.int64)
     cut = np.flatnonzero(np.diff(types)) + 1
     bounds = [0, *cut.tolist(), len(types)]
-    grid_of, interval_of = iter(grids), iter(time_intervals)
+    aligned = time_offsets is not None
+    grid_of = iter(grids)
+    interval_of = iter(time_offsets if aligned else time_intervals)
     current = 0
     for start, end in zip(bounds, bounds[1:]):
         if types[start] == TEXT:
@@ -159,6 +179,17 @@ def vision_positions(
                 f"the vision run at token {start} has {end - start} tokens, its grid "
                 f"{(t, h, w)} needs {t * gh * gw}"
             )
+        if aligned:
+            temporal = np.zeros(t, dtype=np.int64)
+            if types[start] == VIDEO:
+                temporal = next(interval_of, None)
+                if temporal is None or len(temporal) != t:
+                    raise ValueError(f"no {t} time offsets for the video run at token {start}")
+            positions[0, start:end] = current + np.repeat(temporal, gh * gw)
+            positions[1, start:end] = current + np.tile(np.repeat(np.arange(gh), gw), t)
+            positions[2, start:end] = current + np.tile(np.arange(gw), t * gh)
+            current = int(positions[:, start:end].max()) + 1
+            continue
         if types[start] == VIDEO and not video_frames_apart:
             interval = next(interval_of, None) if time_intervals else 1.0
             if interval is None:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
     Skip,
@@ -174,6 +175,7 @@ class ProcessorChat:
                 merge_size=processor.image_processor.merge_size,
                 video_pad_id=self.video_token_id,
                 tokens_per_second=tokens_per_second if self.family_name == "qwen2_5_vl" else None,
+                position_id_per_seconds=self._position_id_per_seconds(),
             )
         protected = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         protected |= {
@@ -393,6 +395,14 @@ class ProcessorChat:
                     end -= 1
             spans.append((start, end))
         return text, spans
+
+    def _position_id_per_seconds(self) -> float | None:
+        """The Omni thinkers' ``position_id_per_seconds`` (None for other families): the model
+        directory's config.json (``load_processor``), else the installed thinker config's."""
+        if self.family_name not in hf_compat.OMNI_THINKER_CONFIGS:
+            return None
+        found = getattr(self.processor, "model_position_id_per_seconds", None)
+        return float(found) if found else hf_compat.omni_position_id_per_seconds(self.family_name)
 
     def _no_audio(self) -> str:
         """Why this layout takes no audio (the ``unsupported_audio`` detail)."""

@@ -53,7 +53,11 @@ class AudioSide:
         self.token_id = processor.tokenizer.convert_tokens_to_ids(self.token)
 
     def configure(self, overrides: Mapping[str, Any]) -> None:
-        """The feature extractor rebuilt with ``audio_config``'s settings over its own."""
+        """The feature extractor rebuilt with ``audio_config``'s settings over its own (a
+        video's audio-track switch, refused unless off, is not the feature extractor's)."""
+        from energon_packing.config import AUDIO_IN_VIDEO_KEYS
+
+        overrides = {k: v for k, v in overrides.items() if k not in AUDIO_IN_VIDEO_KEYS}
         klass = type(self.extractor)
         accepted = set(inspect.signature(klass.__init__).parameters)
         settings = {k: v for k, v in self.extractor.to_dict().items() if k in accepted}

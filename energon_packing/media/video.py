@@ -1,4 +1,5 @@
-"""Videos as the Qwen2-VL, Qwen2.5-VL and Qwen3-VL video processors see them, without
+"""Videos as the Qwen2-VL, Qwen2.5-VL and Qwen3-VL video processors see them (and the Qwen
+Omni thinkers' processors, whose video processor is Qwen2-VL's), without
 torchvision (it does not import beside the CPU torch wheel, and transformers' video processors
 need it).
 
@@ -48,7 +49,7 @@ __all__ = [
     "process",
 ]
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni")
 
 _MISSING = object()
 _OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
@@ -241,6 +242,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     ),
 }
 _DEFAULTS["qwen2_5_vl"] = dict(_DEFAULTS["qwen2_vl"])
+# the Omni thinkers' video processor is Qwen2VLVideoProcessor (transformers' auto table)
+_DEFAULTS["qwen2_5_omni"] = dict(_DEFAULTS["qwen2_vl"])
+_DEFAULTS["qwen3_omni"] = dict(_DEFAULTS["qwen2_vl"])
+
+#: the Omni processors' own ``videos_kwargs`` (transformers 5.24 class attributes): a ``size``
+#: that passes over the video processor's own (only ``video_config`` passes over it), and the
+#: fps their ``video_second_per_grid`` (``temporal_patch_size / fps``) assumes where the call
+#: passes none, whatever the video's rate or sampling
+_OMNI: dict[str, dict[str, Any]] = {
+    "qwen2_5_omni": dict(min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, fps=2.0),
+    "qwen3_omni": dict(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, fps=1.0),
+}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -263,6 +276,11 @@ class VideoRule:
     rescale_factor: float = 1 / 255
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
+    #: the Omni thinkers' ``video_second_per_grid``: temporal patch / the call's fps (the
+    #: processor's default where ``video_config`` gives none); None: from the sampled rate.
+    #: Not in the repr (the restore check's ``video_rule``, as older releases saved it): the
+    #: family and ``video_config`` decide it
+    grid_seconds: float | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -274,7 +292,10 @@ class VideoRule:
     ) -> VideoRule:
         """The family's defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
-        ``overrides`` (``video_config``, the same names)."""
+        ``overrides`` (``video_config``, the same names). The Omni processors pass their own
+        ``size`` over their video processor's pixel bounds (only ``overrides`` pass over it)
+        and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
+        default."""
         if family not in FAMILIES:
             raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
         values = dict(_DEFAULTS[family])
@@ -283,10 +304,15 @@ class VideoRule:
         def get(name: str, missing: Any = None) -> Any:
             if name in overrides:
                 return overrides[name]
+            if omni is not None and name in _PIXEL_BOUNDS:
+                return missing
             if isinstance(config, Mapping):
                 return config.get(name, missing)
             return getattr(config, name, missing) if config is not None else missing
 
+        omni = _OMNI.get(family)
+        if omni is not None:  # the processor's size passes over the video processor's
+            values.update(min_pixels=omni["min_pixels"], max_pixels=omni["max_pixels"])
         size = get("size")
         if size is not None:
             size = dict(size) if isinstance(size, Mapping) else vars(size)
@@ -337,6 +363,9 @@ class VideoRule:
                 f"{family}: do_sample_frames needs fps or num_frames (the processor's defaults "
                 f"have neither; qwen-vl-utils samples at fps=2.0)"
             )
+        if omni is not None:
+            fps = overrides.get("fps") or omni["fps"]
+            values["grid_seconds"] = values.get("temporal_patch_size", 2) / fps
         return cls(family=family, **values)
 
     @property
@@ -406,6 +435,7 @@ class VideoRule:
         height, width = self.size(frames, header.height, header.width)
         tps = self.temporal_patch_size
         sampled = len(indices) / header.frames * header.fps if header.fps else 24
+        seconds = tps / sampled if self.grid_seconds is None else self.grid_seconds
         return VideoPlan(
             family=self.family,
             header=header,
@@ -413,7 +443,7 @@ class VideoRule:
             grid=(-(-frames // tps), height // self.patch_size, width // self.patch_size),
             merge_size=self.merge_size,
             timestamps=_timestamps(indices, header.fps, tps) if self.family == "qwen3_vl" else (),
-            second_per_grid=tps / sampled,
+            second_per_grid=seconds,
         )
 
     def grid(self, header: VideoHeader) -> tuple[int, int, int]:
@@ -435,6 +465,10 @@ class VideoRule:
         return self.plan(header).expansion(
             video_token=video_token, vision_start=vision_start, vision_end=vision_end
         )
+
+
+#: the names that bound a frame's pixels (an Omni processor's own ``size`` passes over them)
+_PIXEL_BOUNDS = ("size", "min_pixels", "max_pixels")
 
 
 def _timestamps(indices: Sequence[int], fps: float, tps: int) -> tuple[float, ...]:
@@ -460,7 +494,8 @@ class VideoPlan:
     merge_size: int
     #: Qwen3-VL: the time of each temporal patch, in seconds (else empty)
     timestamps: tuple[float, ...] = ()
-    #: ``second_per_grid_ts``: seconds a temporal patch spans (Qwen2.5-VL reads it)
+    #: seconds a temporal patch spans: Qwen2.5-VL's ``second_per_grid_ts``, the Omni thinkers'
+    #: ``video_second_per_grid``
     second_per_grid: float = 1.0
 
     @property
@@ -509,12 +544,46 @@ class VideoPlan:
             return [float(np.float32(tokens_per_second) * seconds)]
         return [1.0] * len(self.rope_grids())
 
+    def time_aligned(self, position_id_per_seconds: float) -> np.ndarray:
+        """The Omni thinkers' temporal offset of each temporal patch (:func:`time_offsets`)."""
+        return time_offsets(
+            self.family, self.grid[0], self.second_per_grid, position_id_per_seconds
+        )
+
+
+def time_offsets(
+    family: str, patches: int, second_per_grid: float, position_id_per_seconds: float
+) -> np.ndarray:
+    """The Omni thinkers' temporal offsets of ``patches`` temporal patches (their
+    ``get_rope_index``: ``arange(t) * video_second_per_grid * position_id_per_seconds`` in
+    float32, truncated by Qwen2.5-Omni, kept whole by Qwen3-Omni, whose positions are float).
+
+    Raises:
+        ValueError: Qwen3-Omni's offsets are not whole numbers (its float positions then fall
+            between the integer ``position_ids`` a pack holds); the message names the knob.
+    """
+    seconds = np.arange(patches).astype(np.float32) * np.float32(second_per_grid)
+    offsets = seconds * np.float32(position_id_per_seconds)
+    if family == "qwen3_omni" and not np.array_equal(offsets, np.floor(offsets)):
+        fractional = offsets[offsets != np.floor(offsets)]
+        raise ValueError(
+            f"qwen3_omni: video_second_per_grid {second_per_grid:g} s x "
+            f"position_id_per_seconds {position_id_per_seconds:g} gives fractional temporal "
+            f"positions ({float(fractional[0]):g}, ...), which Qwen3-Omni keeps as floats and a "
+            f"pack's integer position_ids cannot hold; set video_config['fps'] so that "
+            f"temporal_patch_size / fps x position_id_per_seconds is a whole number (the "
+            f"processor's default fps 1.0 is)"
+        )
+    return offsets.astype(np.int64)
+
 
 #: model input names of a video, per family (what its processor returns)
 VIDEO_FIELDS = {
     "qwen2_vl": ("pixel_values_videos", "video_grid_thw"),
     "qwen2_5_vl": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
     "qwen3_vl": ("pixel_values_videos", "video_grid_thw"),
+    "qwen2_5_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
+    "qwen3_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
 }
 
 
@@ -546,6 +615,15 @@ class VideoSide:
 
     def __repr__(self) -> str:
         return f"VideoSide({self.rule.family}, max_frames={self.max_frames})"
+
+    def check_time_aligned(self, position_id_per_seconds: float) -> None:
+        """Raises ValueError where an Omni thinker's video positions under these settings
+        cannot be packed (:func:`time_offsets`, for as many temporal patches as
+        ``max_video_frames`` allows); nothing for the other families."""
+        if self.rule.grid_seconds is None:
+            return
+        patches = -(-self.max_frames // self.rule.temporal_patch_size)
+        time_offsets(self.rule.family, patches, self.rule.grid_seconds, position_id_per_seconds)
 
     def plan(self, data: bytes) -> VideoPlan:
         """The video's plan from its header; a video over a limit, unreadable, or that the
@@ -579,7 +657,7 @@ class VideoSide:
 
     def media(self, data: bytes, plan: VideoPlan | None = None) -> dict[str, np.ndarray]:
         """The video's model inputs (``pixel_values_videos``, ``video_grid_thw``,
-        Qwen2.5-VL's ``second_per_grid_ts``), decoded now and checked against its plan
+        Qwen2.5-VL's ``second_per_grid_ts``, the Omni thinkers' ``video_second_per_grid``), decoded now and checked against its plan
         (``plan``: the one made when the conversation was encoded; else made again).
 
         Raises:
@@ -599,8 +677,9 @@ class VideoSide:
             "pixel_values_videos": pixels.numpy(),
             "video_grid_thw": np.asarray([grid], dtype=np.int64),
         }
-        if "second_per_grid_ts" in self.fields:
-            out["second_per_grid_ts"] = np.asarray([plan.second_per_grid], dtype=np.float32)
+        for name in ("second_per_grid_ts", "video_second_per_grid"):
+            if name in self.fields:
+                out[name] = np.asarray([plan.second_per_grid], dtype=np.float32)
         return out
 
 

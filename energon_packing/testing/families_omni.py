@@ -1,6 +1,7 @@
 """The Omni thinkers, built offline: Qwen2.5-Omni and Qwen3-Omni processors (their PIL image
 processor, a Whisper feature extractor, the bundled BPE plus their special tokens, their chat
-templates; no video processor) and tiny random-init thinkers. Reached through
+templates; no video processor: its settings as a model directory's preprocessor config gives
+them, ``video_settings``) and tiny random-init thinkers. Reached through
 :func:`energon_packing.testing.families.build`."""
 
 from __future__ import annotations
@@ -143,6 +144,15 @@ def _qwen3_omni(model: bool) -> tuple[Any, Any, dict]:
         tokenizer,
         chat_template=QWEN3_OMNI_TEMPLATE,
     )
+    # its video processor (Qwen2VLVideoProcessor) takes the published preprocessor config's
+    # patch and normalisation, as load_processor reads them from a directory (video_settings)
+    processor.video_settings = {
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+    }
     text = _tiny_text(
         tokenizer,
         head_dim=16,
