@@ -383,7 +383,8 @@ def test_stats_counts_the_video_tokens_of_every_conversation():
     clips' headers plan (Qwen2-VL's rule at 2 fps); image tokens beside them."""
     from energon_packing.encoding import BUILTIN_VIDEO_SETTINGS
     from energon_packing.loader.loading import epoch
-    from energon_packing.media.video import VideoRule, probe
+    from energon_packing.media.video import probe
+    from energon_packing.media.video_rules import VideoRule
 
     output = invoke(
         "stats", VIDEO_DATA, "--capacity", 2048, "--buffer", 64, "--algorithm", "subset_fill"

@@ -31,7 +31,6 @@ FORBIDDEN = {
         "energon_packing.loader",
         "energon_packing.incoming",
         "energon_packing.trainer",
-        "energon_packing.media",  # it imports torch
     ),
     "media": ("megatron", "energon_packing."),  # but the core's errors: see ALLOWED_INSIDE
     "core": (
@@ -356,6 +355,20 @@ def test_the_packing_core_loads_without_torch_numpy_or_energon():
     code = (
         "import sys, energon_packing.packing; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'megatron'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_encoding_and_media_rooms_load_without_torch():
+    """Encoding a conversation needs no torch: the layouts, the registry and the video side
+    import torch only when a pack's pixels are made (the media room's own lazy import), so the
+    encoding room may use the media room directly (no video side injected from the loader)."""
+    code = (
+        "import sys, energon_packing.encoding, energon_packing.encoding.builtin, "
+        "energon_packing.encoding.processor, energon_packing.encoding.families, "
+        "energon_packing.media.video_side; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

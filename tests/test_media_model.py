@@ -8,7 +8,7 @@ import pytest
 
 from energon_packing.encoding.chat import VideoCosting
 
-video = pytest.importorskip("energon_packing.media.video")
+video = pytest.importorskip("energon_packing.media.video_side")
 
 
 def _shape(function) -> list[tuple[str, object, bool]]:

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from energon_packing.encoding import hf_compat
-from energon_packing.media.video import VideoError, VideoRule, decode, probe, process
+from energon_packing.media.video import VideoError, decode, probe, process
+from energon_packing.media.video_rules import VideoRule
 
 DATA = Path(__file__).parent / "data" / "video"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
@@ -336,7 +337,8 @@ def test_without_pyav_a_video_is_an_unsupported_video_skip(monkeypatch):
 def test_qwen2_5_time_intervals_are_the_models_float32_product(tokens_per_second):
     """The model multiplies ``tokens_per_second`` by the float32 ``second_per_grid_ts``: a
     float64 product truncates otherwise (2/3 s at 25 tokens per second: 16 vs 16.666...)."""
-    from energon_packing.media.video import VideoHeader, VideoPlan
+    from energon_packing.media.video import VideoHeader
+    from energon_packing.media.video_plan import VideoPlan
 
     header = VideoHeader(frames=1200, fps=30.0, width=64, height=64)
     plan = VideoPlan(

@@ -11,7 +11,6 @@ computes 1-D or mRoPE positions of one conversation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,7 +29,6 @@ def make_chat(
     tokenizer: Any = None,
     processor: Any = None,
     config: PackingConfig,
-    videos: Callable[..., VideoCosting] | None = None,
 ) -> ChatLayout:
     """The layout a task encoder uses: :class:`.builtin.BuiltinChat` over ``tokenizer``, or
     :class:`.processor.ProcessorChat` over ``processor`` (an object, or a local directory:
@@ -39,11 +37,10 @@ def make_chat(
     On a processor path the family decides mRoPE: ``mrope=True`` for a family without it, or an
     explicit ``mrope=False`` for one with it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), raises.
 
-    ``videos(family, settings, overrides=...)`` builds the layout's video side for a family
-    that takes videos (the task encoder passes ``energon_packing.media.video``'s; this room
-    never imports torch): the built-in layout follows Qwen2-VL's rules
-    (:data:`BUILTIN_VIDEO_SETTINGS`), a processor its own video processor's settings; both
-    under ``video_config``.
+    A family that takes videos gets its video side (:class:`~energon_packing.media.video_side.
+    VideoSide`, whose torch is imported only when a pack's videos are processed): the built-in
+    layout follows Qwen2-VL's rules (:data:`BUILTIN_VIDEO_SETTINGS`), a processor its own video
+    processor's settings; both under ``video_config`` and the video limits.
     """
     if processor is not None and tokenizer is not None:
         raise ValueError(
@@ -65,15 +62,14 @@ def make_chat(
         chat = BuiltinChat(
             ChatTokenizer(tokenizer), mrope=bool(mrope), vision=getattr(config, "vision", None)
         )
-        if videos is not None:
-            vision = config.vision
-            settings = {
-                **BUILTIN_VIDEO_SETTINGS,
-                "patch_size": vision.patch_size,
-                "merge_size": vision.merge_size,
-                "temporal_patch_size": vision.temporal_patch_size,
-            }
-            chat.videos = videos(chat.video_family, settings, overrides=config.video_config)
+        vision = config.vision
+        settings = {
+            **BUILTIN_VIDEO_SETTINGS,
+            "patch_size": vision.patch_size,
+            "merge_size": vision.merge_size,
+            "temporal_patch_size": vision.temporal_patch_size,
+        }
+        chat.videos = _video_side(chat.video_family, settings, config)
         return chat
     from energon_packing.config import knob
     from energon_packing.encoding.families import check_model
@@ -111,9 +107,8 @@ def make_chat(
                 f"({', '.join(audio_families())}), not to {chat.family_name} ({chat.name})"
             )
         chat.audio.configure(audio_config)
-    if videos is not None and chat.video_family is not None:
-        overrides = getattr(config, "video_config", None)
-        chat.videos = videos(chat.video_family, chat.video_settings, overrides=overrides)
+    if chat.video_family is not None:
+        chat.videos = _video_side(chat.video_family, chat.video_settings, config)
         per_second = chat.mrope.position_id_per_seconds if chat.mrope is not None else None
         if per_second is not None:  # the Omni thinkers: their time positions must be whole
             chat.videos.check_time_aligned(per_second)
@@ -129,6 +124,25 @@ def make_chat(
             f"on a processor path the family decides: leave mrope unset"
         )
     return chat
+
+
+def _video_side(family: str, settings: Any, config: PackingConfig) -> VideoCosting:
+    """The layout's video side: ``family``'s video rule over ``settings`` (a video processor,
+    its settings as a dict), under ``video_config`` and the video limits."""
+    from energon_packing.media.video_rules import VideoRule
+    from energon_packing.media.video_side import VideoSide
+
+    from energon_packing.config import knob
+
+    def value(name: str) -> Any:  # a partial config (tests) takes the knob's default
+        return getattr(config, name, knob(name).default)
+
+    return VideoSide(
+        VideoRule.of(family, settings, overrides=value("video_config")),
+        max_frames=value("max_video_frames"),
+        max_tokens=value("max_video_tokens"),
+        max_pixels=value("max_image_pixels"),
+    )
 
 
 def _model(source: Any, config: PackingConfig) -> Any:

@@ -418,7 +418,7 @@ def audio_lengths(
 
 
 class VideoCosting(Protocol):
-    """What a layout needs of videos (``energon_packing.media.video.VideoSide`` is one; the
+    """What a layout needs of videos (``energon_packing.media.video_side.VideoSide`` is one; the
     encoding room never imports it: torch and PyAV live there)."""
 
     def plan(self, data: bytes) -> Any:

@@ -392,7 +392,7 @@ class Family:
         stateful_model_types: Models with the same processor layout whose layers carry state
             across positions: accepted only with ``allow_stateful_layers=True``.
         videos: Whether this package lays out the family's videos (its video processor's rules:
-            :mod:`energon_packing.media.video`); else a video is skipped ``unsupported_video``.
+            :mod:`energon_packing.media.video_rules`); else a video is skipped ``unsupported_video``.
         expansion: Where the installed processor has no ``replace_image_token`` of its own
             (older transformers: :data:`~.hf_compat.PROCESSOR_MEDIA_SINCE`), the expansion of
             image ``index`` as that release's own ``__call__`` writes it, from the same

@@ -66,7 +66,7 @@ def mrope_positions(
     Args:
         grids: The images' ``image_grid_thw`` rows, in order.
         videos: The videos' plans (``rope_grids()`` and ``time_intervals(tokens_per_second)``,
-            :class:`energon_packing.media.video.VideoPlan`), in order.
+            :class:`energon_packing.media.video_plan.VideoPlan`), in order.
     """
     types = token_types(input_ids, spec)
     runs = np.flatnonzero(np.diff(types, prepend=TEXT) != 0)
@@ -152,7 +152,7 @@ def vision_positions(
 
     ``time_offsets`` (the Omni thinkers' time-aligned rule, their ``get_rope_index``): each
     video run's temporal offset per temporal patch, given whole
-    (:meth:`~energon_packing.media.video.VideoPlan.time_aligned`), in place of the intervals;
+    (:meth:`~energon_packing.media.video_plan.VideoPlan.time_aligned`), in place of the intervals;
     text after any grid resumes at its largest position + 1 (a video's temporal extent
     included; for an image the same as above).
     """

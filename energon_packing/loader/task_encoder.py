@@ -147,9 +147,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         # not apply to this path is named before any conflict it has with another
         check_knobs_path(knobs, BUILTIN if processor is None else PROCESSOR)
         self.config = PackingConfig.from_dict(knobs)
-        self.chat = make_chat(
-            tokenizer=tokenizer, processor=processor, config=self.config, videos=self._video_side
-        )
+        self.chat = make_chat(tokenizer=tokenizer, processor=processor, config=self.config)
         vision = self.config.vision
         #: what balanced emission and the pack accounting price a pack with: the model's own
         #: sizes where its config is found (``energon_packing.encoding.costs``); assign another
@@ -172,19 +170,6 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         self._pending_losses: _Losses | None = None  # set while build_train_datasets runs
         #: the shards' fingerprint, saved with the state (set while build_*_datasets runs)
         self._pending_shards: Any = None
-
-    def _video_side(self, family: str, settings: Any, *, overrides: Any) -> Any:
-        """The chat layout's video side (``energon_packing.media.video``), under the video
-        knobs."""
-        from energon_packing.media.video import VideoRule, VideoSide
-
-        config = self.config
-        return VideoSide(
-            VideoRule.of(family, settings, overrides=overrides),
-            max_frames=config.max_video_frames,
-            max_tokens=config.max_video_tokens,
-            max_pixels=config.max_image_pixels,
-        )
 
     @classmethod
     def from_config(

@@ -1,0 +1,131 @@
+"""One video as its family's processor will see it, worked out from the header alone
+(:class:`VideoPlan`, made by :meth:`.video_rules.VideoRule.plan`): what a conversation costs
+while it waits in the buffer, its expansion in the text, its positions' grids and intervals,
+and the model inputs' names per family."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from energon_packing.media.video import VideoHeader
+
+__all__ = ["VIDEO_FIELDS", "VideoPlan", "time_offsets", "timestamps"]
+
+
+def timestamps(indices: Sequence[int], fps: float, tps: int) -> tuple[float, ...]:
+    """Qwen3-VL's time of each temporal patch (its processor's ``_calculate_timestamps``):
+    the sampled indices, the last repeated to a whole patch, in seconds; each patch's first
+    and last frame averaged."""
+    indices = [*indices, *[indices[-1]] * (-len(indices) % tps)]
+    seconds = [i / (fps or 24) for i in indices]
+    return tuple((seconds[i] + seconds[i + tps - 1]) / 2 for i in range(0, len(seconds), tps))
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VideoPlan:
+    """One video as its family's processor will see it, worked out from the header alone
+    (:meth:`VideoRule.plan`): what a conversation costs while it waits in the buffer."""
+
+    family: str
+    header: VideoHeader
+    #: the sampled frame indices (ascending; Qwen3 may repeat one)
+    indices: tuple[int, ...]
+    #: ``video_grid_thw``
+    grid: tuple[int, int, int]
+    merge_size: int
+    #: Qwen3-VL: the time of each temporal patch, in seconds (else empty)
+    timestamps: tuple[float, ...] = ()
+    #: seconds a temporal patch spans: Qwen2.5-VL's ``second_per_grid_ts``, the Omni thinkers'
+    #: ``video_second_per_grid``
+    second_per_grid: float = 1.0
+
+    @property
+    def frames(self) -> int:
+        """Frames decoded: the distinct sampled indices."""
+        return len(set(self.indices))
+
+    @property
+    def tokens(self) -> int:
+        """Video-pad tokens in the text (Qwen3's timestamps and markers come on top)."""
+        t, h, w = self.grid
+        return t * h * w // (self.merge_size * self.merge_size)
+
+    def expansion(self, *, video_token: str, vision_start: str, vision_end: str) -> str:
+        """What the processor puts in place of the video's one ``video_token`` in the rendered
+        chat template (which wraps it in ``vision_start`` / ``vision_end`` itself): Qwen2/2.5
+        repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
+        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch (5.24 keeps
+        the template's outer pair around them)."""
+        t, h, w = self.grid
+        per_patch = h * w // (self.merge_size * self.merge_size)
+        if self.family != "qwen3_vl":
+            return video_token * (t * per_patch)
+        return "".join(
+            f"<{self.timestamps[i]:.1f} seconds>{vision_start}{video_token * per_patch}{vision_end}"
+            for i in range(t)
+        )
+
+    def rope_grids(self) -> list[tuple[int, int, int]]:
+        """The grids ``get_rope_index`` reads for this video, one per run of video tokens:
+        Qwen3-VL splits it into ``t`` grids ``(1, h, w)`` (its timestamps separate them)."""
+        t, h, w = self.grid
+        return [(1, h, w)] * t if self.family == "qwen3_vl" else [self.grid]
+
+    def time_intervals(
+        self, tokens_per_second: float | None, *, fractional: bool = True
+    ) -> list[float]:
+        """The temporal position step of each of :meth:`rope_grids`: Qwen2.5-VL's
+        ``tokens_per_second * second_per_grid_ts`` (``fractional=False``: the seconds truncated
+        first, ``tokens_per_second * int(second_per_grid_ts)``, transformers before 5.18); 1 for
+        the other families."""
+        if self.family == "qwen2_5_vl":  # in float32, as the model multiplies them
+            seconds = np.float32(self.second_per_grid)
+            if not fractional:
+                seconds = np.float32(int(seconds))
+            return [float(np.float32(tokens_per_second) * seconds)]
+        return [1.0] * len(self.rope_grids())
+
+    def time_aligned(self, position_id_per_seconds: float) -> np.ndarray:
+        """The Omni thinkers' temporal offset of each temporal patch (:func:`time_offsets`)."""
+        return time_offsets(
+            self.family, self.grid[0], self.second_per_grid, position_id_per_seconds
+        )
+
+
+def time_offsets(
+    family: str, patches: int, second_per_grid: float, position_id_per_seconds: float
+) -> np.ndarray:
+    """The Omni thinkers' temporal offsets of ``patches`` temporal patches (their
+    ``get_rope_index``: ``arange(t) * video_second_per_grid * position_id_per_seconds`` in
+    float32, truncated by Qwen2.5-Omni, kept whole by Qwen3-Omni, whose positions are float).
+
+    Raises:
+        ValueError: Qwen3-Omni's offsets are not whole numbers (its float positions then fall
+            between the integer ``position_ids`` a pack holds); the message names the knob.
+    """
+    seconds = np.arange(patches).astype(np.float32) * np.float32(second_per_grid)
+    offsets = seconds * np.float32(position_id_per_seconds)
+    if family == "qwen3_omni" and not np.array_equal(offsets, np.floor(offsets)):
+        fractional = offsets[offsets != np.floor(offsets)]
+        raise ValueError(
+            f"qwen3_omni: video_second_per_grid {second_per_grid:g} s x "
+            f"position_id_per_seconds {position_id_per_seconds:g} gives fractional temporal "
+            f"positions ({float(fractional[0]):g}, ...), which Qwen3-Omni keeps as floats and a "
+            f"pack's integer position_ids cannot hold; set video_config['fps'] so that "
+            f"temporal_patch_size / fps x position_id_per_seconds is a whole number (the "
+            f"processor's default fps 1.0 is)"
+        )
+    return offsets.astype(np.int64)
+
+
+#: model input names of a video, per family (what its processor returns)
+VIDEO_FIELDS = {
+    "qwen2_vl": ("pixel_values_videos", "video_grid_thw"),
+    "qwen2_5_vl": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
+    "qwen3_vl": ("pixel_values_videos", "video_grid_thw"),
+    "qwen2_5_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
+    "qwen3_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
+}

@@ -1,0 +1,318 @@
+"""Each video family's processor settings and rules over a video's header
+(:class:`VideoRule`): the frames it samples, their size, the grid and the tokens, worked out
+before anything is decoded (transformers 5.24's Qwen2-VL, Qwen2.5-VL, Qwen3-VL video
+processors, and the Qwen Omni processors over Qwen2-VL's)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from energon_packing.media.video import VideoError, VideoHeader
+from energon_packing.media.video_plan import VideoPlan, timestamps
+from energon_packing.resize import smart_resize
+
+__all__ = ["FAMILIES", "VideoRule"]
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni")
+
+_MISSING = object()
+_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+_HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
+    """Qwen2-VL's ``smart_resize`` (per frame)."""
+    try:
+        return smart_resize(
+            height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels
+        )
+    except ValueError as e:
+        raise VideoError("video_aspect_ratio", f"frames of {width}x{height}: {e} > 200") from None
+
+
+def _smart_resize_frames(
+    num_frames: int, height: int, width: int, temporal: int, factor: int, min_pixels, max_pixels
+):
+    """Qwen3-VL's ``smart_resize``: the pixel budget counts the frames."""
+    if num_frames < temporal:
+        raise VideoError("video_too_short", f"{num_frames} frames < temporal patch {temporal}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise VideoError(
+            "video_aspect_ratio",
+            f"aspect ratio {max(height, width) / min(height, width):.0f} > 200",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+#: each family's video processor defaults (transformers 5.24 class attributes)
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": dict(
+        sample=False,
+        fps=None,
+        min_pixels=128 * 28 * 28,
+        max_pixels=28 * 28 * 768,
+        patch_size=14,
+        mean=_OPENAI_CLIP[0],
+        std=_OPENAI_CLIP[1],
+        max_video_tokens=128000,
+    ),
+    "qwen3_vl": dict(
+        sample=True,
+        fps=2.0,
+        min_pixels=128 * 32 * 32,
+        max_pixels=32 * 32 * 768,
+        patch_size=16,
+        mean=_HALF[0],
+        std=_HALF[1],
+        max_video_tokens=768,
+    ),
+}
+_DEFAULTS["qwen2_5_vl"] = dict(_DEFAULTS["qwen2_vl"])
+# the Omni thinkers' video processor is Qwen2VLVideoProcessor (transformers' auto table)
+_DEFAULTS["qwen2_5_omni"] = dict(_DEFAULTS["qwen2_vl"])
+_DEFAULTS["qwen3_omni"] = dict(_DEFAULTS["qwen2_vl"])
+
+#: the Omni processors' own ``videos_kwargs`` (transformers 5.24 class attributes): a ``size``
+#: that passes over the video processor's own (only ``video_config`` passes over it), and the
+#: fps their ``video_second_per_grid`` (``temporal_patch_size / fps``) assumes where the call
+#: passes none, whatever the video's rate or sampling
+_OMNI: dict[str, dict[str, Any]] = {
+    "qwen2_5_omni": dict(min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, fps=2.0),
+    "qwen3_omni": dict(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, fps=1.0),
+}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VideoRule:
+    """One family's video processor settings, and its rules over a :class:`VideoHeader`."""
+
+    family: str
+    sample: bool  # do_sample_frames
+    fps: float | None
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    mean: tuple[float, ...] = field(default=_OPENAI_CLIP[0])
+    std: tuple[float, ...] = field(default=_OPENAI_CLIP[1])
+    rescale_factor: float = 1 / 255
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128000
+    #: the Omni thinkers' ``video_second_per_grid``: temporal patch / the call's fps (the
+    #: processor's default where ``video_config`` gives none); None: from the sampled rate.
+    #: Not in the repr (the restore check's ``video_rule``, as older releases saved it): the
+    #: family and ``video_config`` decide it
+    grid_seconds: float | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        family: str,
+        config: Mapping[str, Any] | Any = None,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> VideoRule:
+        """The family's defaults, overridden by a video processor's settings (its
+        ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
+        ``overrides`` (``video_config``, the same names). The Omni processors pass their own
+        ``size`` over their video processor's pixel bounds (only ``overrides`` pass over it)
+        and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
+        default."""
+        if family not in FAMILIES:
+            raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
+        values = dict(_DEFAULTS[family])
+        overrides = dict(overrides or {})
+
+        def get(name: str, missing: Any = None) -> Any:
+            if name in overrides:
+                return overrides[name]
+            if omni is not None and name in _PIXEL_BOUNDS:
+                return missing
+            if isinstance(config, Mapping):
+                return config.get(name, missing)
+            return getattr(config, name, missing) if config is not None else missing
+
+        omni = _OMNI.get(family)
+        if omni is not None:  # the processor's size passes over the video processor's
+            values.update(min_pixels=omni["min_pixels"], max_pixels=omni["max_pixels"])
+        size = get("size")
+        if size is not None:
+            size = dict(size) if isinstance(size, Mapping) else vars(size)
+            values["min_pixels"] = size.get("shortest_edge") or values["min_pixels"]
+            values["max_pixels"] = size.get("longest_edge") or values["max_pixels"]
+        renames = dict(
+            sample="do_sample_frames",
+            fps="fps",
+            num_frames="num_frames",
+            min_frames="min_frames",
+            max_frames="max_frames",
+            min_pixels="min_pixels",
+            max_pixels="max_pixels",
+            patch_size="patch_size",
+            temporal_patch_size="temporal_patch_size",
+            merge_size="merge_size",
+            mean="image_mean",
+            std="image_std",
+            rescale_factor="rescale_factor",
+            cap_pixels_per_frame="cap_pixels_per_frame",
+            max_video_tokens="max_video_tokens",
+        )
+        for ours, theirs in renames.items():
+            value = get(theirs, _MISSING)
+            if value is _MISSING or (value is None and ours not in ("fps", "num_frames")):
+                continue  # fps / num_frames: None set explicitly means "not this way"
+            values[ours] = tuple(value) if ours in ("mean", "std") else value
+        for flag in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+            if get(flag) is False:
+                raise ValueError(f"{family}: {flag}=False is not supported for videos")
+        resample = get("resample")
+        resample = getattr(resample, "value", resample)
+        resample = resample.get("value") if isinstance(resample, Mapping) else resample
+        if resample is not None and resample != 3:  # PIL's BICUBIC
+            raise ValueError(f"{family}: resample={resample!r}; videos are resized bicubic only")
+        if values["sample"] and values["fps"] is not None and values.get("num_frames") is not None:
+            raise ValueError(
+                f"{family}: fps={values['fps']} and num_frames={values.get('num_frames')} are "
+                f"mutually exclusive (the processor refuses both); set one to None"
+            )
+        if (
+            values["sample"]
+            and family != "qwen3_vl"
+            and values["fps"] is None
+            and values.get("num_frames") is None
+        ):
+            raise ValueError(
+                f"{family}: do_sample_frames needs fps or num_frames (the processor's defaults "
+                f"have neither; qwen-vl-utils samples at fps=2.0)"
+            )
+        if omni is not None:
+            fps = overrides.get("fps") or omni["fps"]
+            values["grid_seconds"] = values.get("temporal_patch_size", 2) / fps
+        return cls(family=family, **values)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def indices(self, header: VideoHeader) -> np.ndarray:
+        """The frame indices the processor decodes (ascending)."""
+        total = header.frames
+        if total <= 0:
+            raise VideoError("video_empty", "the stream holds no frame")
+        if not self.sample:
+            return np.arange(total)
+        if self.family == "qwen3_vl":
+            count = self.num_frames
+            if count is None and self.fps is not None:
+                count = int(total / (header.fps or 24) * self.fps)
+                count = min(max(count, self.min_frames), self.max_frames, total)
+            if count is None:
+                count = min(max(total, self.min_frames), self.max_frames)
+            return np.linspace(0, total - 1, count).round().astype(int)
+        count, tps = self.num_frames, self.temporal_patch_size
+        if count is not None:
+            count = round(count / tps) * tps
+        elif self.fps is not None:
+            if not header.fps:
+                raise VideoError("video_no_fps", "sampling by fps needs the stream's frame rate")
+            most = math.floor(min(self.max_frames, total) / tps) * tps
+            count = total / header.fps * self.fps
+            count = math.floor(min(max(count, self.min_frames), most, total) / tps) * tps
+        if count is None:
+            return np.arange(total)
+        if count > total or count <= 0:
+            raise VideoError("video_too_short", f"{total} frames cannot give {count} samples")
+        import torch  # its float arange, as the processor's; imported on first use
+
+        return torch.arange(0, total, total / count).int().numpy()
+
+    def size(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """The resized frame size for ``frames`` sampled frames of ``height`` x ``width``."""
+        max_pixels = self.max_pixels
+        if self.family == "qwen3_vl":
+            if self.cap_pixels_per_frame:
+                cap = self.max_video_tokens * self.factor * self.factor
+                per_frame = max(min(cap, self.max_pixels // frames), int(self.min_pixels * 1.05))
+                max_pixels = per_frame * frames
+            return _smart_resize_frames(
+                frames,
+                height,
+                width,
+                self.temporal_patch_size,
+                self.factor,
+                self.min_pixels,
+                max_pixels,
+            )
+        if self.cap_pixels_per_frame:
+            total = int(self.max_video_tokens * self.factor * self.factor * 0.9)
+            max_pixels = max(
+                min(max_pixels, total * self.temporal_patch_size // frames),
+                int(self.min_pixels * 1.05),
+            )
+        return _smart_resize(height, width, self.factor, self.min_pixels, max_pixels)
+
+    def plan(self, header: VideoHeader) -> VideoPlan:
+        """Everything the family's processor will make of the video, from its header alone
+        (the sampled indices worked out once; the rest follows from them)."""
+        indices = tuple(int(i) for i in self.indices(header))
+        frames = len(set(indices))  # each sampled frame decodes once
+        height, width = self.size(frames, header.height, header.width)
+        tps = self.temporal_patch_size
+        sampled = len(indices) / header.frames * header.fps if header.fps else 24
+        seconds = tps / sampled if self.grid_seconds is None else self.grid_seconds
+        return VideoPlan(
+            family=self.family,
+            header=header,
+            indices=indices,
+            grid=(-(-frames // tps), height // self.patch_size, width // self.patch_size),
+            merge_size=self.merge_size,
+            timestamps=timestamps(indices, header.fps, tps) if self.family == "qwen3_vl" else (),
+            second_per_grid=seconds,
+        )
+
+    def grid(self, header: VideoHeader) -> tuple[int, int, int]:
+        """``video_grid_thw`` of the video, from its header alone."""
+        return self.plan(header).grid
+
+    def tokens(self, header: VideoHeader) -> int:
+        """Placeholder tokens the video expands to (before Qwen3's timestamps)."""
+        return self.plan(header).tokens
+
+    def second_per_grid(self, header: VideoHeader) -> float:
+        """Qwen2.5-VL's ``second_per_grid_ts``: temporal patch / sampled fps."""
+        return self.plan(header).second_per_grid
+
+    def expansion(
+        self, header: VideoHeader, *, video_token: str, vision_start: str, vision_end: str
+    ) -> str:
+        """:meth:`VideoPlan.expansion` of the video with this header."""
+        return self.plan(header).expansion(
+            video_token=video_token, vision_start=vision_start, vision_end=vision_end
+        )
+
+
+#: the names that bound a frame's pixels (an Omni processor's own ``size`` passes over them)
+_PIXEL_BOUNDS = ("size", "min_pixels", "max_pixels")
