@@ -274,3 +274,42 @@ def test_a_mistral3_directory_loads_with_torchvision(tmp_path):
     ids = encoded.input_ids.tolist()
     counts = [ids.count(t) for t in loaded.image_token_ids]
     assert counts == [48, 5, 1]
+
+
+@pytest.mark.torchvision
+def test_the_loss_mask_is_each_reply_and_its_eos_and_never_an_image():
+    """Mistral's template has no generation prompt and ends a reply with EOS: each reply and
+    its EOS train, the ``[INST]`` turns and every image token (an assistant's too) never."""
+    from energon_packing.testing.families import build
+
+    processor, _, _ = build("mistral3", model=False)
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    document = {
+        "messages": [
+            {"role": "user", "content": "<image>What is red?"},
+            {"role": "assistant", "content": "The circle."},
+            {"role": "user", "content": "Draw blue."},
+            {"role": "assistant", "content": "Here: <image> the square."},
+        ],
+        "images": ["a.png", "b.png"],
+    }
+    images = {"a.png": _png(40, 30, 1), "b.png": _png(20, 50, 2)}
+    encoded = te.encode_sample(conversation_sample("m", document, images))
+    runs, current = [], []
+    for token, weight in zip(encoded.input_ids.tolist(), encoded.token_mask.tolist()):
+        if weight > 0:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    runs += [current] if current else []
+    decoded = [processor.tokenizer.decode(r) for r in runs]
+    assert decoded == ["The circle.</s>", "Here: ", " the square.</s>"]
+    media = set(processor.image_token_ids)
+    assert media & set(encoded.input_ids.tolist()) == media
+    from test_families import hf_messages
+
+    text = processor.apply_chat_template(hf_messages(document), tokenize=False)
+    pictures = [[decode(images["a.png"]), decode(images["b.png"])]]
+    real = processor(text=[text], images=pictures, add_special_tokens=False)
+    assert encoded.input_ids.tolist() == real["input_ids"][0].tolist()
