@@ -37,10 +37,14 @@ def pytest_collection_modifyitems(config, items):
     """A test of a ``family`` whose processor the installed transformers lacks (or cannot
     import without torchvision) skips, naming why. ``processor_media`` tests need a family's
     placeholder expansion; on a release without one (for the test's ``family`` parameter, else
-    Qwen2-VL) they skip, naming what it lacks (docs/compatibility.md)."""
-    from helpers import family_unavailable_reason, processor_media_skip_reason
+    Qwen2-VL) they skip, naming what it lacks (docs/compatibility.md). ``torchvision`` tests
+    skip, naming it, where torchvision does not import."""
+    from helpers import family_unavailable_reason, processor_media_skip_reason, torchvision_missing
 
     for item in items:
+        if item.get_closest_marker("torchvision") and torchvision_missing():
+            item.add_marker(pytest.mark.skip(reason=torchvision_missing()))
+            continue
         params = getattr(item, "callspec", None)
         family = params.params.get("family") if params else None
         # a family whose processor this release lacks (or cannot import): every test of it

@@ -204,6 +204,13 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
     return None
 
 
+def torchvision_missing() -> str | None:
+    """Why the tests marked ``torchvision`` cannot run here (None: torchvision imports)."""
+    from energon_packing.testing.families_pixtral import torchvision_missing
+
+    return torchvision_missing()
+
+
 def require_processor_media(family: str = "qwen2_vl") -> None:
     """Skips the calling test (naming the missing feature) where
     :func:`processor_media_skip_reason` says so."""

@@ -108,6 +108,24 @@ def test_the_tested_with_table_is_generated_from_the_stack_list():
     assert len(stacks.stacks()) >= 4
 
 
+def test_each_stack_pins_its_torch_first_and_the_torchvision_suite_has_torchvision(tmp_path):
+    """The torch column: ``torch==X`` (a build the table names) first, then its companions; the
+    stack that runs ``-m torchvision`` installs torchvision, and the marker is registered."""
+    stacks = _ci_stacks()
+    for stack in stacks.stacks():
+        assert stack.torch[0].removeprefix("torch==") in stacks.TORCH_BUILDS, stack
+    (runs,) = [s for s in stacks.stacks() if s.suite == "torchvision"]
+    assert runs.torch == ("torch==2.14.1", "torchvision==0.29.1")
+    assert "+ torchvision 0.29.1 |" in stacks.table()
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    assert "\ntorchvision: " in config["tool:pytest"]["markers"]
+    bad = tmp_path / "stacks.txt"
+    bad.write_text("odd torchvision==0.29.1 5.24.0 7.4.1 torchvision why\n")
+    with pytest.raises(ValueError, match="stack 'odd' pins 'torchvision==0.29.1'; torch==X"):
+        stacks.stacks(bad)
+
+
 def test_every_stack_is_inside_setup_cfg_ranges():
     """What CI runs is what setup.cfg admits, and the floor stack is the range's floor."""
     from packaging.requirements import Requirement
@@ -127,6 +145,7 @@ def test_every_stack_is_inside_setup_cfg_ranges():
         for name, version in (
             ("transformers", stack.transformers),
             ("megatron-energon", stack.energon),
+            ("torch", stack.torch[0].removeprefix("torch==")),
         ):
             assert all(Version(version) in spec for spec in wanted[name]), (stack.name, name)
     floors = {s.version for specs in wanted["transformers"] for s in specs if s.operator == ">="}

@@ -308,6 +308,47 @@ def _tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> di
     return {"num_patches": [count(h, w, defaults) for per_text in sizes for h, w in per_text]}
 
 
+def _pixtral_patch(processor: Any) -> int:
+    """Pixtral's resize step: its processor's ``_process_images`` passes the image processor
+    ``patch_size * spatial_merge_size`` (Mistral 3: 14 * 2 = 28 px)."""
+    return processor.patch_size * processor.spatial_merge_size
+
+
+def _pixtral_kwargs(processor: Any) -> dict:
+    step = _pixtral_patch(processor)
+    return {"patch_size": {"height": step, "width": step}}
+
+
+def _pixtral_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Pixtral's resize: within the longest edge, aspect kept (floored), then up to whole
+    patches of the processor's step; ``image_sizes`` are the resized ``(height, width)`` (its
+    ``replace_image_token`` reads them: a row of ``[IMG]`` per step of height, each ended by
+    ``[IMG_BREAK]``, the last by ``[IMG_END]``). The image processor's own rule, on a zero-copy
+    stand-in of each image's shape."""
+    image_processor = processor.image_processor
+    rule = hf_compat.smart_resize_of(image_processor, "get_resize_output_image_size")
+    size = hf_compat.merged_images_kwargs(processor).get("size") or image_processor.size
+    bound = (
+        (size["longest_edge"],) * 2 if size.get("longest_edge") else (size["height"], size["width"])
+    )
+    step = _pixtral_patch(processor)
+    blank = np.zeros((), dtype=np.uint8)
+    out = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        shape = np.broadcast_to(blank, (h, w, 3))
+        rh, rw = rule(shape, size=bound, patch_size=(step, step), input_data_format="channels_last")
+        if not (rh and rw):  # the processor raises on a side resized to 0 px
+            raise Skip(
+                "image_aspect_ratio",
+                f"image of {w}x{h} px (upright) has an aspect ratio of "
+                f"{max(h, w) / min(h, w):,.1f}: {type(image_processor).__name__} fits it into "
+                f"{bound[1]}x{bound[0]} px as {rw}x{rh}, a side of 0 px, which it refuses; crop "
+                f"or pad such images (e.g. text lines) before packing",
+            )
+        out.append([rh, rw])
+    return {"image_sizes": out}
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -414,6 +455,12 @@ class Family:
             ``moe_mm_token_type_ids``, ``create_moe_mm_token_type_ids``).
         vision_start: The token that opens an image's block (mRoPE families: Qwen's
             ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
+        image_kwargs: What the processor's own ``__call__`` adds to its image processor's
+            keyword arguments, given the processor (Pixtral's: ``patch_size`` times
+            ``spatial_merge_size``).
+        needs: Packages the family's processor class needs beyond transformers, which the
+            family table names (Pixtral's: torchvision; without it the class does not build,
+            and loading such a directory fails in one line naming it).
     """
 
     name: str
@@ -433,6 +480,8 @@ class Family:
     audio: AudioRule | None = None
     token_fields: tuple[tuple[str, str], ...] = ()
     vision_start: str = "<|vision_start|>"
+    image_kwargs: Callable[[Any], dict] | None = None
+    needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -561,6 +610,17 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("ovis2",),
         replacement_inputs=_ovis2_inputs,
     ),
+    # Mistral 3 (Mistral Small 3.x, Ministral 3) and Pixtral-12B (a LLaVA model): each image's
+    # patch rows, [IMG_BREAK] after each, [IMG_END] last; pixels padded to the widest image of
+    # a call, which the Pixtral tower crops back by image_sizes
+    Family(
+        name="mistral3",
+        classes=("PixtralProcessor",),
+        model_types=("mistral3", "llava"),
+        replacement_inputs=_pixtral_inputs,
+        image_kwargs=_pixtral_kwargs,
+        needs=("torchvision",),
+    ),
     # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
     # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
     Family(
@@ -619,11 +679,10 @@ REFUSED: dict[str, str] = {
         "('image_outputs') on every call, and its attention temperature depends on the "
         "absolute position"
     ),
-    "mistral3": (
-        "its PixtralProcessor imports the torchvision image processor (transformers 5.24): no "
-        "layout proven without torchvision"
+    "pixtral": (
+        "the Pixtral vision encoder alone (PixtralVisionModel), no language model; Pixtral-12B's "
+        "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
     ),
-    "pixtral": "as mistral3: PixtralProcessor needs torchvision (transformers 5.24)",
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
     "gemma3n": "its audio and vision towers need timm; not laid out",
 }
@@ -698,6 +757,9 @@ def family_table() -> str:
     def code(names: tuple[str, ...]) -> str:
         return ", ".join(f"`{n}`" for n in names) or "-"
 
+    def needs(family: Family) -> str:
+        return f" (needs {', '.join(family.needs)})" if family.needs else ""
+
     rows = [
         "| family | processor | model types packed exactly | only with `allow_stateful_layers` "
         "| positions | videos | audio | attention per conversation |",
@@ -705,7 +767,7 @@ def family_table() -> str:
     ]
     for f in FAMILIES:
         rows.append(
-            f"| {f.name} | {code(f.classes)} | {code(f.model_types)} | "
+            f"| {f.name} | {code(f.classes)}{needs(f)} | {code(f.model_types)} | "
             f"{code(f.stateful_model_types)} | {'mRoPE (3 rows)' if f.mrope else '1-D'} | "
             f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
             f"{'yes' if f.audio else 'skipped (`unsupported_audio`)'} | "

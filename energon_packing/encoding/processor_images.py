@@ -47,6 +47,8 @@ class ImageSide:
         self.family = family
         # what the processor's own __call__ passes its image processor, and keeps of it
         self.images_kwargs = hf_compat.merged_images_kwargs(processor)
+        if family.image_kwargs is not None:  # what its __call__ adds (Pixtral's patch step)
+            self.images_kwargs.update(family.image_kwargs(processor))
         unused = set(getattr(processor, "unused_input_names", None) or ())
         names = processor.image_processor.model_input_names
         if not hasattr(processor, "unused_input_names"):  # older releases: the processor's own list

@@ -170,6 +170,7 @@ def load_processor(path: str | Path) -> Any:
                 f"as a text model, but its tokenizer does not load: {_cause(e)}"
             ) from e
     class_name = _processor_class_name(path)
+    _require_family_packages(path, class_name)
     processor_cls = _transformers_class(class_name)
     if (
         processor_cls is not None
@@ -203,6 +204,31 @@ def load_processor(path: str | Path) -> Any:
             f"{type(processor).__name__}, not a processor with an image processor; {_TEXT}"
         )
     return _with_model_settings(processor, path)
+
+
+def _require_family_packages(path: Path, class_name: str | None) -> None:
+    """Raises, in one line, where the family of ``class_name`` needs a package that does not
+    import here (``Family.needs``: PixtralProcessor's torchvision), before ``AutoProcessor``
+    fails on it with transformers' several-line ImportError."""
+    from energon_packing.encoding.families import FAMILIES
+
+    family = next((f for f in FAMILIES if class_name in f.classes), None)
+    missing = [name for name in (family.needs if family else ()) if not _importable(name)]
+    if missing:
+        raise ValueError(
+            f"{path}: {class_name} (the {family.name} family) needs {', '.join(missing)}, "
+            f"which does not import here: transformers builds it only with "
+            f"{', '.join(missing)} (pip install {' '.join(missing)}, the release built for your "
+            f"torch; CI runs torch 2.14.1 + torchvision 0.29.1: docs/compatibility.md); {_TEXT}"
+        )
+
+
+def _importable(name: str) -> bool:
+    if name == "torchvision":
+        return _torchvision_available()
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def video_settings(path: Path | str) -> dict | None:

@@ -520,8 +520,14 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
     """``(processor, tiny model, info)`` of a family in :data:`FAMILIES` (or another model of
     one, :data:`MODELS`, or a refused model of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
     None), much faster."""
-    from energon_packing.testing import families_later, families_omni  # they import this
+    from energon_packing.testing import (  # they import this
+        families_later,
+        families_omni,
+        families_pixtral,
+    )
 
+    if family in families_pixtral.PIXTRAL_FAMILIES:  # torchvision: families_pixtral
+        return families_pixtral._pixtral_family(family, model)
     if family.startswith("qwen") and "omni" not in family:
         return _qwen(family, model)
     if family.startswith("glm4"):
