@@ -12,7 +12,7 @@ the loader builds them (``collate``), by ``schema.collate`` of the batch's packs
 worker makes one per pack). Rounds are interleaved; per variant:
 CPU seconds per 1,000 batches (main process + workers) with 0 and 2 workers, their difference
 (the handoff) and its ratio. Usage: ``python benchmarks/handoff.py [--batches 1000]
-[--rounds 3] [--only collate]``.
+[--rounds 3] [--only collate] [--sharing file_system]``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="variants whose name holds this text")
+    parser.add_argument(
+        "--sharing",
+        choices=torch.multiprocessing.get_all_sharing_strategies(),
+        default=torch.multiprocessing.get_sharing_strategy(),
+        help="torch's sharing strategy (file_system: no file descriptor passed per storage)",
+    )
     args = parser.parse_args()
+    torch.multiprocessing.set_sharing_strategy(args.sharing)
     warnings.filterwarnings("ignore")
     image = loader_batch()
     text = {k: v for k, v in image.items() if k not in IMAGE_FIELDS}
