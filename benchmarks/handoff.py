@@ -6,16 +6,19 @@ Batches: one real loader batch of the bundled sample data (``PackingTaskEncoder(
 "bundled", max_input_seq_length=4096)``; ``image``: with its ``pixel_values`` and grids,
 ``text``: the same without the image fields), each handed over as the contract has it
 (``torch`` tensors), as numpy arrays (pickled inline, no shared memory), and reduced to one
-tensor or to the metadata alone (``source_ids``, ``packing_metrics``, restore keys). Every
-batch is a fresh copy (as a worker makes one per pack). Rounds are interleaved; per variant:
+tensor or to the metadata alone (``source_ids``, ``packing_metrics``, restore keys), and, as
+the loader builds them (``collate``), by ``schema.collate`` of the batch's packs in the worker
+(``image``/``text``: in shared memory, one buffer per dtype). Every batch is a fresh copy (as a
+worker makes one per pack). Rounds are interleaved; per variant:
 CPU seconds per 1,000 batches (main process + workers) with 0 and 2 workers, their difference
 (the handoff) and its ratio. Usage: ``python benchmarks/handoff.py [--batches 1000]
-[--rounds 3]``.
+[--rounds 3] [--only collate] [--sharing file_system]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -60,18 +63,30 @@ def copy(value: object, *, numpy: bool) -> object:
 
 
 class Batches(IterableDataset):
-    def __init__(self, batch: dict, count: int, *, numpy: bool):
-        self.batch, self.count, self.numpy = batch, count, numpy
+    """``count`` fresh copies of ``batch``; with ``packs``, each batch is built by
+    ``schema.collate`` of them (what the loader's ``batch()`` does) plus ``batch``'s other
+    keys."""
+
+    def __init__(self, batch: dict, count: int, *, numpy: bool, packs: list | None = None):
+        self.batch, self.count, self.numpy, self.packs = batch, count, numpy, packs
 
     def __iter__(self):
+        from energon_packing.schema import collate
+
         info = torch.utils.data.get_worker_info()
         for _ in range(self.count // (info.num_workers if info else 1)):
-            yield {k: copy(v, numpy=self.numpy) for k, v in self.batch.items()}
+            if self.packs is not None:
+                yield collate(self.packs) | self.batch
+            else:
+                yield {k: copy(v, numpy=self.numpy) for k, v in self.batch.items()}
 
 
-def cpu_per_thousand(batch: dict, *, workers: int, numpy: bool, count: int) -> float:
+def cpu_per_thousand(
+    batch: dict, *, workers: int, numpy: bool, count: int, packs: list | None = None
+) -> float:
     """CPU seconds (main + workers) per 1,000 batches, the workers' start-up excluded."""
-    loader = DataLoader(Batches(batch, count, numpy=numpy), batch_size=None, num_workers=workers)
+    batches = Batches(batch, count, numpy=numpy, packs=packs)
+    loader = DataLoader(batches, batch_size=None, num_workers=workers)
     it = iter(loader)
     next(it)  # workers started
     pids = children() if workers else []
@@ -90,12 +105,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="", help="variants whose name holds this text")
+    parser.add_argument(
+        "--sharing",
+        choices=torch.multiprocessing.get_all_sharing_strategies(),
+        default=torch.multiprocessing.get_sharing_strategy(),
+        help="torch's sharing strategy (file_system: no file descriptor passed per storage)",
+    )
     args = parser.parse_args()
+    torch.multiprocessing.set_sharing_strategy(args.sharing)
     warnings.filterwarnings("ignore")
     image = loader_batch()
     text = {k: v for k, v in image.items() if k not in IMAGE_FIELDS}
     tensors = [k for k, v in image.items() if isinstance(v, torch.Tensor | list)]
+    from energon_packing.schema import pack_from_batch
+
+    packs = [pack_from_batch(image, row) for row in range(len(image["input_ids"]))]
+    text_packs = [
+        dataclasses.replace(p, media={}, image_source_index=p.image_source_index[:0]) for p in packs
+    ]
+    extras = {k: v for k, v in image.items() if not isinstance(v, torch.Tensor | list)}
     variants = {
+        "image, collate": (extras, False, packs),
+        "text, collate": (extras, False, text_packs),
         "image, tensors": (image, False),
         "image, numpy": (image, True),
         "text, tensors": (text, False),
@@ -107,11 +139,18 @@ def main() -> None:
             False,
         ),
     }
+    variants = {name: v for name, v in variants.items() if args.only in name}
     measured: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
-        for name, (batch, numpy) in variants.items():
+        for name, (batch, numpy, *packs) in variants.items():
             for workers in (0, 2):
-                cpu = cpu_per_thousand(batch, workers=workers, numpy=numpy, count=args.batches)
+                cpu = cpu_per_thousand(
+                    batch,
+                    workers=workers,
+                    numpy=numpy,
+                    count=args.batches,
+                    packs=packs[0] if packs else None,
+                )
                 measured.setdefault((name, workers), []).append(cpu)
     print(f"batch fields: {', '.join(tensors)}")
     print(f"{'variant':<16}{'0 workers':>11}{'2 workers':>11}{'handoff':>9}{'ratio':>7}  (s/1k)")

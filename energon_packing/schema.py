@@ -401,7 +401,79 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     ``prepacked=True``: the contract's prepacked batch (``input_lengths`` = width, boundary keys
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
+
+    Inside a ``DataLoader`` worker the batch's tensors are laid out in shared memory, the small
+    ones as views of one buffer per dtype (:func:`_shared`): the handoff to the main process
+    then moves a few storages per batch instead of one per tensor.
     """
+    import torch
+
+    batch = _collate(packs, prepacked=prepacked)
+    if torch.utils.data.get_worker_info() is not None:
+        return _shared(batch)
+    return batch
+
+
+#: A tensor of at least this many bytes gets a shared-memory storage of its own (its copy
+#: outweighs one more storage to hand over; a consumer keeping it keeps nothing else alive).
+OWN_STORAGE_BYTES = 1 << 20
+
+
+def _shared(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with every non-empty tensor (top level or in a per-pack list) moved to shared
+    memory: those under :data:`OWN_STORAGE_BYTES` as contiguous views of one buffer per dtype
+    (so ``torch.save`` of the batch works: every view has its storage's dtype), larger ones
+    each on their own. Values, dtypes and shapes are unchanged.
+
+    A DataLoader worker would move each tensor to shared memory anyway when handing the batch
+    over; each storage costs a file descriptor passed through a socket (a connection, an
+    authentication and an mmap, on both sides; ``benchmarks/handoff.py``)."""
+    import torch
+
+    out = {key: list(value) if isinstance(value, list) else value for key, value in batch.items()}
+    places = [(key, None) for key, value in out.items() if isinstance(value, torch.Tensor)]
+    places += [
+        (key, i)
+        for key, value in out.items()
+        if isinstance(value, list)
+        for i, item in enumerate(value)
+        if isinstance(item, torch.Tensor)
+    ]
+    small: dict[Any, list[tuple[str, int | None]]] = {}
+    for key, index in places:
+        tensor = out[key] if index is None else out[key][index]
+        nbytes = tensor.numel() * tensor.element_size()
+        if not nbytes:
+            continue  # an empty storage is handed over without shared memory
+        if nbytes < OWN_STORAGE_BYTES:
+            small.setdefault(tensor.dtype, []).append((key, index))
+            continue
+        if tensor.untyped_storage().nbytes() != nbytes or not tensor.is_contiguous():
+            tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
+        _put(out, key, index, tensor.share_memory_())  # one copy, as the handoff makes
+    for dtype, group in small.items():
+        tensors = [out[key] if index is None else out[key][index] for key, index in group]
+        # public API: share_memory_ of the still empty buffer (allocated in shared memory), then
+        # each view written once, in place
+        buffer = torch.empty(sum(t.numel() for t in tensors), dtype=dtype).share_memory_()
+        offset = 0
+        for (key, index), tensor in zip(group, tensors, strict=True):
+            view = buffer[offset : offset + tensor.numel()].view(tensor.shape)
+            view.copy_(tensor)
+            _put(out, key, index, view)
+            offset += tensor.numel()
+    return out
+
+
+def _put(batch: dict[str, Any], key: str, index: int | None, tensor: Any) -> None:
+    if index is None:
+        batch[key] = tensor
+    else:
+        batch[key][index] = tensor
+
+
+def _collate(packs: Sequence[Pack], *, prepacked: bool) -> dict[str, Any]:
+    """:func:`collate` as the main process has it (no shared memory)."""
     import torch  # the schema itself is numpy; batches are torch
 
     width = packs[0].width
