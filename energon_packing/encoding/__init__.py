@@ -129,10 +129,9 @@ def make_chat(
 def _video_side(family: str, settings: Any, config: PackingConfig) -> VideoCosting:
     """The layout's video side: ``family``'s video rule over ``settings`` (a video processor,
     its settings as a dict), under ``video_config`` and the video limits."""
+    from energon_packing.config import knob
     from energon_packing.media.video_rules import VideoRule
     from energon_packing.media.video_side import VideoSide
-
-    from energon_packing.config import knob
 
     def value(name: str) -> Any:  # a partial config (tests) takes the knob's default
         return getattr(config, name, knob(name).default)
