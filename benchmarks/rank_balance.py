@@ -126,7 +126,9 @@ def main() -> None:
                         )
                         mean, p95 = cells[0]
                         if mean > 1.03 or p95 > 1.06 or over > 0.005 or lost:
-                            failed.append((mix, capacity, world))
+                            bound_mean, bound_p95 = cells[1]
+                            held = bound_mean > 1.03 or bound_p95 > 1.06
+                            failed.append(f"{mix} C={capacity} W={world}" + " (bound too)" * held)
                     seconds = time.perf_counter() - start
                     print(
                         f"{mix:<7}{capacity:>6}{world:>5} {emission:<8}"
@@ -145,8 +147,17 @@ def main() -> None:
         "vs bound: data packs against ceil(tokens / C). lost: conversations not in exactly one "
         "pack over one finite pass."
     )
-    verdict = "all within" if not failed else f"OUTSIDE in {failed}"
+    verdict = "all within" if not failed else f"OUTSIDE in {', '.join(failed)}"
     print(f"targets (model rows: mean <= 1.03, p95 <= 1.06, +0.5 %, lost 0): {verdict}")
+    if any(f.endswith("(bound too)") for f in failed):
+        # No emission order reaches a target its own bound misses: the packs a rank holds
+        # differ (a few full-width conversations over a short run); a longer run evens them.
+        print(
+            "(bound too): the best order of the same packs misses as well, so the spread is in "
+            "the packs each rank holds over this run, not in the emission; rerun with a larger "
+            "--steps (text C=32768 W=8: 150 -> model 1.017/1.082, bound 1.017/1.080; "
+            "600 -> model 1.005/1.019, bound 1.004/1.015)"
+        )
 
 
 if __name__ == "__main__":
