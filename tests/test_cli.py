@@ -383,6 +383,7 @@ def test_stats_counts_the_video_tokens_of_every_conversation():
     clips' headers plan (Qwen2-VL's rule at 2 fps); image tokens beside them."""
     from energon_packing.encoding import BUILTIN_VIDEO_SETTINGS
     from energon_packing.loader.loading import epoch
+    from energon_packing.media import video_styles
     from energon_packing.media.video import probe
     from energon_packing.media.video_rules import VideoRule
 
@@ -390,7 +391,7 @@ def test_stats_counts_the_video_tokens_of_every_conversation():
         "stats", VIDEO_DATA, "--capacity", 2048, "--buffer", 64, "--algorithm", "subset_fill"
     )
     te = video_encoder()
-    rule = VideoRule.of("qwen2_vl", BUILTIN_VIDEO_SETTINGS)
+    rule = VideoRule.of(video_styles.QWEN2_VL, BUILTIN_VIDEO_SETTINGS)
     video_pad = te.chat.tokenizer.special.video_pad
     video_tokens = image_tokens = planned = clips = 0
     for sample in epoch(VIDEO_DATA, te, packing_buffer_size=None, batch_size=None):

@@ -374,6 +374,33 @@ def test_the_encoding_and_media_rooms_load_without_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_video_rules_name_no_family():
+    """One family registry (issue 33 item 4): a family's video processor is a declaration
+    (:mod:`energon_packing.media.video_styles`) its registry entry names; the rules over it
+    (rule, plan, side) never branch on a family's name, so a family whose video processor is
+    laid out as one of these styles is one declaration, not a new code path."""
+    from energon_packing.encoding.families import FAMILIES
+
+    names = {f.name for f in FAMILIES} | {"builtin"}
+    rules = [PACKAGE / "media" / f for f in ("video_rules.py", "video_plan.py", "video_side.py")]
+    for path in rules:
+        literals = {
+            node.value
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
+        assert not literals & names, f"{path.name} names families {sorted(literals & names)}"
+    takes_videos = {f.name: f.videos for f in FAMILIES if f.videos is not None}
+    assert sorted(takes_videos) == [
+        "qwen2_5_omni",
+        "qwen2_5_vl",
+        "qwen2_vl",
+        "qwen3_omni",
+        "qwen3_vl",
+    ]
+    assert all(style.name == name for name, style in takes_videos.items())
+
+
 def test_the_trainer_shim_loads_without_energon():
     code = (
         "import sys, energon_packing.trainer; "

@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from energon_packing.encoding import hf_compat
+from energon_packing.encoding.families import FAMILIES
+from energon_packing.media import video_styles
 from energon_packing.media.video import VideoError, decode, probe, process
 from energon_packing.media.video_rules import VideoRule
 
@@ -34,6 +36,8 @@ VARIANTS = {
     "qwen2_5_vl_all_frames": "qwen2_5_vl",
     "qwen3_vl_cap": "qwen3_vl",
 }
+#: the registry's video style of each family that takes videos
+STYLES = {f.name: f.videos for f in FAMILIES if f.videos is not None}
 
 
 def reference(clip: str, variant: str) -> dict:
@@ -46,7 +50,7 @@ def reference(clip: str, variant: str) -> dict:
 def rule(variant: str) -> VideoRule:
     family = REFERENCE["families"][variant]
     config = {**family["config"], **family["call_kwargs"]}
-    return VideoRule.of(VARIANTS[variant], config)
+    return VideoRule.of(STYLES[VARIANTS[variant]], config)
 
 
 def sha(array) -> str:
@@ -239,7 +243,7 @@ def test_frames_an_edit_list_discards_are_not_counted():
     data = (DATA / "h264_preroll_edit_list.mp4").read_bytes()
     header = probe(data)
     assert (header.frames, header.counted) == (35, True)
-    video = VideoRule.of("qwen2_5_vl")  # every frame
+    video = VideoRule.of(video_styles.QWEN2_5_VL)  # every frame
     frames = decode(data, video.indices(header))
     assert len(frames) == 35 and process(frames, video)[1] == video.grid(header) == (18, 20, 28)
 
@@ -248,7 +252,7 @@ def test_a_frame_sampled_twice_decodes_once():
     """Qwen3 asked for more frames than the clip has repeats indices; the pyav loader keeps
     each decoded frame once, so the grid counts distinct frames."""
     data = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
-    video = VideoRule.of("qwen3_vl", {"fps": None, "num_frames": 30})
+    video = VideoRule.of(video_styles.QWEN3_VL, {"fps": None, "num_frames": 30})
     header = probe(data)
     assert len(video.indices(header)) == 30 and len(set(video.indices(header))) == 20
     frames = decode(data, video.indices(header))
@@ -257,12 +261,12 @@ def test_a_frame_sampled_twice_decodes_once():
 
 def test_settings_the_processor_refuses_are_refused():
     with pytest.raises(ValueError, match="fps=2.0 and num_frames=8 are mutually exclusive"):
-        VideoRule.of("qwen3_vl", {"num_frames": 8})  # its class default fps=2 stays
+        VideoRule.of(video_styles.QWEN3_VL, {"num_frames": 8})  # its class default fps=2 stays
     with pytest.raises(ValueError, match="needs fps or num_frames"):
-        VideoRule.of("qwen2_vl", {"do_sample_frames": True})
+        VideoRule.of(video_styles.QWEN2_VL, {"do_sample_frames": True})
     with pytest.raises(ValueError, match="resized bicubic only"):
-        VideoRule.of("qwen2_vl", {"resample": 2})
-    assert VideoRule.of("qwen3_vl", {"num_frames": 8, "fps": None}).num_frames == 8
+        VideoRule.of(video_styles.QWEN2_VL, {"resample": 2})
+    assert VideoRule.of(video_styles.QWEN3_VL, {"num_frames": 8, "fps": None}).num_frames == 8
 
 
 @pytest.mark.parametrize(
@@ -275,7 +279,7 @@ def test_a_videos_tokens_in_the_text_are_the_real_processors(family, conversatio
     expanded (Qwen3: timestamps and per-patch vision markers included)."""
     result = PROCESSED["results"][family][conversation]
     kwargs = PROCESSED["families"][family]["processor_kwargs"]  # do_sample_frames, fps
-    video = VideoRule.of(family, {**REFERENCE["families"][family]["config"], **kwargs})
+    video = VideoRule.of(STYLES[family], {**REFERENCE["families"][family]["config"], **kwargs})
     clips = [
         part["video"]
         for message in PROCESSED["conversations"][conversation]
@@ -342,7 +346,7 @@ def test_qwen2_5_time_intervals_are_the_models_float32_product(tokens_per_second
 
     header = VideoHeader(frames=1200, fps=30.0, width=64, height=64)
     plan = VideoPlan(
-        family="qwen2_5_vl",
+        style=video_styles.QWEN2_5_VL,
         header=header,
         indices=(0,),
         grid=(60, 4, 4),

@@ -40,7 +40,7 @@ from energon_packing.trainer import prepacked_microbatches
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("av")
 
-from energon_packing.media import video, video_rules  # noqa: E402
+from energon_packing.media import video, video_rules, video_styles  # noqa: E402
 from energon_packing.testing import hf  # noqa: E402
 from energon_packing.testing.families import AUDIO_FAMILIES, build  # noqa: E402
 
@@ -77,7 +77,7 @@ class StandInVideoProcessor:
 
         self.calls.append(dict(kwargs))
         kwargs.pop("return_tensors", None)
-        rule = video_rules.VideoRule.of("qwen2_vl", self.settings, overrides=kwargs)
+        rule = video_rules.VideoRule.of(video_styles.QWEN2_VL, self.settings, overrides=kwargs)
         pixels, grids = [], []
         for path in videos:
             data = Path(path).read_bytes()
@@ -260,7 +260,7 @@ def test_omni_videos_are_the_processors_and_packed_logits_each_conversations_own
     te = PackingTaskEncoder(
         max_input_seq_length=8192, processor=processor, pad_multiple=8, video_config=video_config
     )
-    assert te.chat.video_family == family
+    assert te.chat.video_style.name == family
     reference_processor = _with_video_processor(build(family, model=False)[0])
     fields = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
     seen, worst, checked, widest = [], 0.0, 0, 0
@@ -371,14 +371,16 @@ def test_an_omni_processors_own_size_passes_over_its_video_processors():
     """A checkpoint's video pixel bounds give way to the Omni processor's own ``size``;
     ``video_config`` passes over both; ``video_second_per_grid`` follows the call's fps only."""
     published = {"min_pixels": 3136, "max_pixels": 12845056, "fps": 5.0, "patch_size": 14}
-    rule = video_rules.VideoRule.of("qwen2_5_omni", published)
+    rule = video_rules.VideoRule.of(video_styles.QWEN2_5_OMNI, published)
     assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (128 * 784, 768 * 784, 1.0)
-    rule = video_rules.VideoRule.of("qwen3_omni", {**published, "patch_size": 16})
+    rule = video_rules.VideoRule.of(video_styles.QWEN3_OMNI, {**published, "patch_size": 16})
     assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (128 * 1024, 768 * 1024, 2.0)
-    rule = video_rules.VideoRule.of("qwen3_omni", published, overrides={"size": SMALL, "fps": 4.0})
+    rule = video_rules.VideoRule.of(
+        video_styles.QWEN3_OMNI, published, overrides={"size": SMALL, "fps": 4.0}
+    )
     assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (3136, 12544, 0.5)
     # Qwen2-VL itself keeps the checkpoint's bounds and the sampled rate
-    rule = video_rules.VideoRule.of("qwen2_vl", published)
+    rule = video_rules.VideoRule.of(video_styles.QWEN2_VL, published)
     assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (3136, 12845056, None)
 
 

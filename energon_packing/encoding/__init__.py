@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
     from energon_packing.encoding.chat import ChatLayout, VideoCosting
+    from energon_packing.media.video_styles import VideoStyle
 
 __all__ = ["BUILTIN_VIDEO_SETTINGS", "make_chat"]
 
@@ -69,7 +70,7 @@ def make_chat(
             "merge_size": vision.merge_size,
             "temporal_patch_size": vision.temporal_patch_size,
         }
-        chat.videos = _video_side(chat.video_family, settings, config)
+        chat.videos = _video_side(chat.video_style, settings, config)
         return chat
     from energon_packing.config import knob
     from energon_packing.encoding.families import check_model
@@ -107,8 +108,8 @@ def make_chat(
                 f"({', '.join(audio_families())}), not to {chat.family_name} ({chat.name})"
             )
         chat.audio.configure(audio_config)
-    if chat.video_family is not None:
-        chat.videos = _video_side(chat.video_family, chat.video_settings, config)
+    if chat.video_style is not None:
+        chat.videos = _video_side(chat.video_style, chat.video_settings, config)
         per_second = chat.mrope.position_id_per_seconds if chat.mrope is not None else None
         if per_second is not None:  # the Omni thinkers: their time positions must be whole
             chat.videos.check_time_aligned(per_second)
@@ -126,8 +127,8 @@ def make_chat(
     return chat
 
 
-def _video_side(family: str, settings: Any, config: PackingConfig) -> VideoCosting:
-    """The layout's video side: ``family``'s video rule over ``settings`` (a video processor,
+def _video_side(style: VideoStyle, settings: Any, config: PackingConfig) -> VideoCosting:
+    """The layout's video side: the rule of video ``style`` (the family's) over ``settings`` (a video processor,
     its settings as a dict), under ``video_config`` and the video limits."""
     from energon_packing.config import knob
     from energon_packing.media.video_rules import VideoRule
@@ -137,7 +138,7 @@ def _video_side(family: str, settings: Any, config: PackingConfig) -> VideoCosti
         return getattr(config, name, knob(name).default)
 
     return VideoSide(
-        VideoRule.of(family, settings, overrides=value("video_config")),
+        VideoRule.of(style, settings, overrides=value("video_config")),
         max_frames=value("max_video_frames"),
         max_tokens=value("max_video_tokens"),
         max_pixels=value("max_image_pixels"),

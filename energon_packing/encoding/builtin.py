@@ -37,6 +37,7 @@ from energon_packing.encoding.families import audio_families
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.tokenizer import ChatTokenizer
 from energon_packing.encoding.vision import VisionConfig, grid_for, patchify, tokens_for
+from energon_packing.media.video_styles import QWEN2_VL
 from energon_packing.schema import IMAGE_GRID_THW, PIXEL_VALUES, Source
 
 if TYPE_CHECKING:
@@ -170,8 +171,8 @@ class BuiltinChat:
     what a conversation costs (:meth:`encode`) and what it becomes in a pack (:meth:`source`)."""
 
     family_name = "builtin"
-    #: the family whose video processor rules the built-in layout follows
-    video_family = "qwen2_vl"
+    #: the video processor whose rules the built-in layout follows (Qwen2-VL's)
+    video_style = QWEN2_VL
 
     def __init__(
         self,

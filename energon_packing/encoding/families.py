@@ -20,6 +20,8 @@ from energon_packing.encoding import hf_compat
 from energon_packing.encoding.models import ModelInfo
 from energon_packing.encoding.vision import MAX_ASPECT_RATIO
 from energon_packing.errors import Skip
+from energon_packing.media import video_styles
+from energon_packing.media.video_styles import VideoStyle
 
 __all__ = [
     "FAMILIES",
@@ -432,8 +434,10 @@ class Family:
             layout: per-source logits equal each conversation alone.
         stateful_model_types: Models with the same processor layout whose layers carry state
             across positions: accepted only with ``allow_stateful_layers=True``.
-        videos: Whether this package lays out the family's videos (its video processor's rules:
-            :mod:`energon_packing.media.video_rules`); else a video is skipped ``unsupported_video``.
+        videos: How the family's processor treats a video (its video processor's defaults and
+            where its rules part from Qwen2-VL's: :mod:`energon_packing.media.video_styles`,
+            ruled by :mod:`~energon_packing.media.video_rules`); None: a video is skipped
+            ``unsupported_video``.
         expansion: Where the installed processor has no ``replace_image_token`` of its own
             (older transformers: :data:`~.hf_compat.PROCESSOR_MEDIA_SINCE`), the expansion of
             image ``index`` as that release's own ``__call__`` writes it, from the same
@@ -471,7 +475,7 @@ class Family:
     image_rows: Callable[[Any], dict[str, list[int]]] | None = None
     model_types: tuple[str, ...] = ()
     stateful_model_types: tuple[str, ...] = ()
-    videos: bool = False
+    videos: VideoStyle | None = None
     expansion: Callable[[Any, dict, int], str] | None = None
     video_takes_markup: bool = False
     placeholder: str = "image_token"
@@ -485,6 +489,9 @@ class Family:
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
+        assert self.videos is None or self.videos.name == self.name, (
+            f"{self.name}: its video style is named {self.videos.name!r}"
+        )
 
 
 def _qwen(
@@ -493,6 +500,7 @@ def _qwen(
     *,
     model_types: tuple[str, ...] | None = None,
     stateful_model_types: tuple[str, ...] = (),
+    videos: VideoStyle,
 ) -> Family:
     """Qwen2-VL's size rule, mRoPE, per-image rows and token types, shared by its successors."""
     return Family(
@@ -500,7 +508,7 @@ def _qwen(
         classes=(processor_class,),
         model_types=model_types or (name,),
         stateful_model_types=stateful_model_types,
-        videos=True,
+        videos=videos,
         replacement_inputs=_qwen_inputs,
         expansion=_qwen_expansion,
         video_takes_markup=name == "qwen3_vl",
@@ -511,8 +519,8 @@ def _qwen(
 
 
 FAMILIES: tuple[Family, ...] = (
-    _qwen("qwen2_vl", "Qwen2VLProcessor"),
-    _qwen("qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    _qwen("qwen2_vl", "Qwen2VLProcessor", videos=video_styles.QWEN2_VL),
+    _qwen("qwen2_5_vl", "Qwen2_5_VLProcessor", videos=video_styles.QWEN2_5_VL),
     # Qwen3.5 ships Qwen3-VL's processor (the same ids and positions), but 3 of 4 of its text
     # layers are Gated DeltaNet: a recurrent state (:mod:`.models`)
     _qwen(
@@ -520,6 +528,7 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3VLProcessor",
         model_types=("qwen3_vl", "qwen3_vl_moe"),
         stateful_model_types=("qwen3_5", "qwen3_5_moe"),
+        videos=video_styles.QWEN3_VL,
     ),
     Family(
         name="gemma3",
@@ -642,7 +651,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen2_5OmniProcessor",),
         model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
         replacement_inputs=_qwen_inputs,
-        videos=True,
+        videos=video_styles.QWEN2_5_OMNI,
         mrope=True,
         image_rows=_qwen_rows,
         audio=QWEN2_5_OMNI_AUDIO,
@@ -653,7 +662,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("Qwen3OmniMoeProcessor",),
         model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
         replacement_inputs=_qwen_inputs,
-        videos=True,
+        videos=video_styles.QWEN3_OMNI,
         mrope=True,
         image_rows=_qwen_rows,
         audio=QWEN3_OMNI_AUDIO,

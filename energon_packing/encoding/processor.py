@@ -153,8 +153,8 @@ class ProcessorChat:
             )
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
-        self.video_family = self.family_name if self.family and self.family.videos else None
-        self.video_token = getattr(processor, "video_token", None) if self.video_family else None
+        self.video_style = self.family.videos if self.family else None
+        self.video_token = getattr(processor, "video_token", None) if self.video_style else None
         #: what decides how videos are sampled and sized: the video processor, or the settings
         #: of one that could not be built (no torchvision: ``load_processor``)
         self.video_settings = getattr(processor, "video_processor", None) or getattr(

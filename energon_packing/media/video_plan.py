@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from energon_packing.media.video import VideoHeader
+from energon_packing.media.video_styles import VideoStyle
 
-__all__ = ["VIDEO_FIELDS", "VideoPlan", "time_offsets", "timestamps"]
+__all__ = ["VideoPlan", "time_offsets", "timestamps"]
 
 
 def timestamps(indices: Sequence[int], fps: float, tps: int) -> tuple[float, ...]:
@@ -29,7 +30,7 @@ class VideoPlan:
     """One video as its family's processor will see it, worked out from the header alone
     (:meth:`VideoRule.plan`): what a conversation costs while it waits in the buffer."""
 
-    family: str
+    style: VideoStyle
     header: VideoHeader
     #: the sampled frame indices (ascending; Qwen3 may repeat one)
     indices: tuple[int, ...]
@@ -61,7 +62,7 @@ class VideoPlan:
         the template's outer pair around them)."""
         t, h, w = self.grid
         per_patch = h * w // (self.merge_size * self.merge_size)
-        if self.family != "qwen3_vl":
+        if not self.style.timed_patches:
             return video_token * (t * per_patch)
         return "".join(
             f"<{self.timestamps[i]:.1f} seconds>{vision_start}{video_token * per_patch}{vision_end}"
@@ -72,7 +73,7 @@ class VideoPlan:
         """The grids ``get_rope_index`` reads for this video, one per run of video tokens:
         Qwen3-VL splits it into ``t`` grids ``(1, h, w)`` (its timestamps separate them)."""
         t, h, w = self.grid
-        return [(1, h, w)] * t if self.family == "qwen3_vl" else [self.grid]
+        return [(1, h, w)] * t if self.style.timed_patches else [self.grid]
 
     def time_intervals(
         self, tokens_per_second: float | None, *, fractional: bool = True
@@ -81,7 +82,7 @@ class VideoPlan:
         ``tokens_per_second * second_per_grid_ts`` (``fractional=False``: the seconds truncated
         first, ``tokens_per_second * int(second_per_grid_ts)``, transformers before 5.18); 1 for
         the other families."""
-        if self.family == "qwen2_5_vl":  # in float32, as the model multiplies them
+        if self.style.scaled_seconds:  # in float32, as the model multiplies them
             seconds = np.float32(self.second_per_grid)
             if not fractional:
                 seconds = np.float32(int(seconds))
@@ -90,13 +91,11 @@ class VideoPlan:
 
     def time_aligned(self, position_id_per_seconds: float) -> np.ndarray:
         """The Omni thinkers' temporal offset of each temporal patch (:func:`time_offsets`)."""
-        return time_offsets(
-            self.family, self.grid[0], self.second_per_grid, position_id_per_seconds
-        )
+        return time_offsets(self.style, self.grid[0], self.second_per_grid, position_id_per_seconds)
 
 
 def time_offsets(
-    family: str, patches: int, second_per_grid: float, position_id_per_seconds: float
+    style: VideoStyle, patches: int, second_per_grid: float, position_id_per_seconds: float
 ) -> np.ndarray:
     """The Omni thinkers' temporal offsets of ``patches`` temporal patches (their
     ``get_rope_index``: ``arange(t) * video_second_per_grid * position_id_per_seconds`` in
@@ -108,10 +107,10 @@ def time_offsets(
     """
     seconds = np.arange(patches).astype(np.float32) * np.float32(second_per_grid)
     offsets = seconds * np.float32(position_id_per_seconds)
-    if family == "qwen3_omni" and not np.array_equal(offsets, np.floor(offsets)):
+    if style.whole_offsets and not np.array_equal(offsets, np.floor(offsets)):
         fractional = offsets[offsets != np.floor(offsets)]
         raise ValueError(
-            f"qwen3_omni: video_second_per_grid {second_per_grid:g} s x "
+            f"{style.name}: video_second_per_grid {second_per_grid:g} s x "
             f"position_id_per_seconds {position_id_per_seconds:g} gives fractional temporal "
             f"positions ({float(fractional[0]):g}, ...), which Qwen3-Omni keeps as floats and a "
             f"pack's integer position_ids cannot hold; set video_config['fps'] so that "
@@ -119,13 +118,3 @@ def time_offsets(
             f"processor's default fps 1.0 is)"
         )
     return offsets.astype(np.int64)
-
-
-#: model input names of a video, per family (what its processor returns)
-VIDEO_FIELDS = {
-    "qwen2_vl": ("pixel_values_videos", "video_grid_thw"),
-    "qwen2_5_vl": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
-    "qwen3_vl": ("pixel_values_videos", "video_grid_thw"),
-    "qwen2_5_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
-    "qwen3_omni": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
-}

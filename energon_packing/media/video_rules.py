@@ -14,15 +14,12 @@ import numpy as np
 
 from energon_packing.media.video import VideoError, VideoHeader
 from energon_packing.media.video_plan import VideoPlan, timestamps
+from energon_packing.media.video_styles import VideoStyle
 from energon_packing.resize import smart_resize
 
-__all__ = ["FAMILIES", "VideoRule"]
-
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni")
+__all__ = ["VideoRule"]
 
 _MISSING = object()
-_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-_HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
@@ -63,49 +60,14 @@ def _smart_resize_frames(
     return h_bar, w_bar
 
 
-#: each family's video processor defaults (transformers 5.24 class attributes)
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "qwen2_vl": dict(
-        sample=False,
-        fps=None,
-        min_pixels=128 * 28 * 28,
-        max_pixels=28 * 28 * 768,
-        patch_size=14,
-        mean=_OPENAI_CLIP[0],
-        std=_OPENAI_CLIP[1],
-        max_video_tokens=128000,
-    ),
-    "qwen3_vl": dict(
-        sample=True,
-        fps=2.0,
-        min_pixels=128 * 32 * 32,
-        max_pixels=32 * 32 * 768,
-        patch_size=16,
-        mean=_HALF[0],
-        std=_HALF[1],
-        max_video_tokens=768,
-    ),
-}
-_DEFAULTS["qwen2_5_vl"] = dict(_DEFAULTS["qwen2_vl"])
-# the Omni thinkers' video processor is Qwen2VLVideoProcessor (transformers' auto table)
-_DEFAULTS["qwen2_5_omni"] = dict(_DEFAULTS["qwen2_vl"])
-_DEFAULTS["qwen3_omni"] = dict(_DEFAULTS["qwen2_vl"])
-
-#: the Omni processors' own ``videos_kwargs`` (transformers 5.24 class attributes): a ``size``
-#: that passes over the video processor's own (only ``video_config`` passes over it), and the
-#: fps their ``video_second_per_grid`` (``temporal_patch_size / fps``) assumes where the call
-#: passes none, whatever the video's rate or sampling
-_OMNI: dict[str, dict[str, Any]] = {
-    "qwen2_5_omni": dict(min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, fps=2.0),
-    "qwen3_omni": dict(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, fps=1.0),
-}
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class VideoRule:
     """One family's video processor settings, and its rules over a :class:`VideoHeader`."""
 
     family: str
+    #: how the family's processor treats a video (its registry entry's ``videos``); not in
+    #: the repr (the restore check's ``video_rule``): the family names it
+    style: VideoStyle = field(repr=False, compare=False)
     sample: bool  # do_sample_frames
     fps: float | None
     num_frames: int | None = None
@@ -116,8 +78,8 @@ class VideoRule:
     patch_size: int
     temporal_patch_size: int = 2
     merge_size: int = 2
-    mean: tuple[float, ...] = field(default=_OPENAI_CLIP[0])
-    std: tuple[float, ...] = field(default=_OPENAI_CLIP[1])
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     rescale_factor: float = 1 / 255
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
@@ -130,20 +92,19 @@ class VideoRule:
     @classmethod
     def of(
         cls,
-        family: str,
+        style: VideoStyle,
         config: Mapping[str, Any] | Any = None,
         *,
         overrides: Mapping[str, Any] | None = None,
     ) -> VideoRule:
-        """The family's defaults, overridden by a video processor's settings (its
+        """``style``'s defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
         ``overrides`` (``video_config``, the same names). The Omni processors pass their own
         ``size`` over their video processor's pixel bounds (only ``overrides`` pass over it)
         and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
         default."""
-        if family not in FAMILIES:
-            raise ValueError(f"no video rule for {family!r}; families: {', '.join(FAMILIES)}")
-        values = dict(_DEFAULTS[family])
+        family = style.name
+        values = dict(style.defaults)
         overrides = dict(overrides or {})
 
         def get(name: str, missing: Any = None) -> Any:
@@ -155,7 +116,7 @@ class VideoRule:
                 return config.get(name, missing)
             return getattr(config, name, missing) if config is not None else missing
 
-        omni = _OMNI.get(family)
+        omni = style.processor_size
         if omni is not None:  # the processor's size passes over the video processor's
             values.update(min_pixels=omni["min_pixels"], max_pixels=omni["max_pixels"])
         size = get("size")
@@ -200,7 +161,7 @@ class VideoRule:
             )
         if (
             values["sample"]
-            and family != "qwen3_vl"
+            and not style.timed_patches
             and values["fps"] is None
             and values.get("num_frames") is None
         ):
@@ -211,7 +172,7 @@ class VideoRule:
         if omni is not None:
             fps = overrides.get("fps") or omni["fps"]
             values["grid_seconds"] = values.get("temporal_patch_size", 2) / fps
-        return cls(family=family, **values)
+        return cls(family=family, style=style, **values)
 
     @property
     def factor(self) -> int:
@@ -224,7 +185,7 @@ class VideoRule:
             raise VideoError("video_empty", "the stream holds no frame")
         if not self.sample:
             return np.arange(total)
-        if self.family == "qwen3_vl":
+        if self.style.timed_patches:
             count = self.num_frames
             if count is None and self.fps is not None:
                 count = int(total / (header.fps or 24) * self.fps)
@@ -252,7 +213,7 @@ class VideoRule:
     def size(self, frames: int, height: int, width: int) -> tuple[int, int]:
         """The resized frame size for ``frames`` sampled frames of ``height`` x ``width``."""
         max_pixels = self.max_pixels
-        if self.family == "qwen3_vl":
+        if self.style.timed_patches:
             if self.cap_pixels_per_frame:
                 cap = self.max_video_tokens * self.factor * self.factor
                 per_frame = max(min(cap, self.max_pixels // frames), int(self.min_pixels * 1.05))
@@ -284,12 +245,12 @@ class VideoRule:
         sampled = len(indices) / header.frames * header.fps if header.fps else 24
         seconds = tps / sampled if self.grid_seconds is None else self.grid_seconds
         return VideoPlan(
-            family=self.family,
+            style=self.style,
             header=header,
             indices=indices,
             grid=(-(-frames // tps), height // self.patch_size, width // self.patch_size),
             merge_size=self.merge_size,
-            timestamps=timestamps(indices, header.fps, tps) if self.family == "qwen3_vl" else (),
+            timestamps=timestamps(indices, header.fps, tps) if self.style.timed_patches else (),
             second_per_grid=seconds,
         )
 

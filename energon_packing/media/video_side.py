@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from energon_packing.media.video import VideoError, decode, probe, process
-from energon_packing.media.video_plan import VIDEO_FIELDS, VideoPlan, time_offsets
+from energon_packing.media.video_plan import VideoPlan, time_offsets
 from energon_packing.media.video_rules import VideoRule
 
 __all__ = ["VideoSide"]
@@ -36,7 +36,7 @@ class VideoSide:
         self.max_frames = max_frames
         self.max_tokens = max_tokens
         self.max_pixels = max_pixels
-        self.fields = VIDEO_FIELDS[rule.family]
+        self.fields = rule.style.fields
 
     def __repr__(self) -> str:
         return f"VideoSide({self.rule.family}, max_frames={self.max_frames})"
@@ -48,7 +48,7 @@ class VideoSide:
         if self.rule.grid_seconds is None:
             return
         patches = -(-self.max_frames // self.rule.temporal_patch_size)
-        time_offsets(self.rule.family, patches, self.rule.grid_seconds, position_id_per_seconds)
+        time_offsets(self.rule.style, patches, self.rule.grid_seconds, position_id_per_seconds)
 
     def plan(self, data: bytes) -> VideoPlan:
         """The video's plan from its header; a video over a limit, unreadable, or that the

@@ -1,0 +1,115 @@
+"""How each family's processor treats a video (:class:`VideoStyle`): its video processor's
+defaults and where its rules part from Qwen2-VL's. A family takes videos when its registry
+entry names one (``Family.videos`` in :mod:`energon_packing.encoding.families`); the rules over
+a style are :class:`~.video_rules.VideoRule` and :class:`~.video_plan.VideoPlan`, so a family
+whose video processor is laid out as one of these is one declaration, not a new code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "QWEN2_5_OMNI",
+    "QWEN2_5_VL",
+    "QWEN2_VL",
+    "QWEN3_OMNI",
+    "QWEN3_VL",
+    "VideoStyle",
+]
+
+_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+_HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+_GRID = ("pixel_values_videos", "video_grid_thw")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True, eq=False)
+class VideoStyle:
+    """One family's video processor, as data.
+
+    Attributes:
+        name: The family key (error messages; the restore fingerprint's ``video_rule``).
+        defaults: The video processor's class attributes (transformers 5.24), in
+            :class:`~.video_rules.VideoRule`'s names; a checkpoint's
+            ``video_preprocessor_config.json`` and ``video_config`` pass over them (read,
+            never written: :meth:`~.video_rules.VideoRule.of` copies them).
+        fields: The model inputs its processor returns for a video.
+        timed_patches: Qwen3-VL: frames sampled by ``linspace`` (``fps`` alone suffices), the
+            pixel budget counts the frames, and each temporal patch is its own run of tokens
+            behind a ``<t seconds>`` timestamp (one ``(1, h, w)`` position grid each).
+        scaled_seconds: Qwen2.5-VL: a temporal patch's position step is the model's
+            ``tokens_per_second`` times ``second_per_grid_ts``, in float32.
+        processor_size: The Omni processors' own ``videos_kwargs``: a ``size``
+            (``min_pixels`` / ``max_pixels``) that passes over the video processor's own
+            (only ``video_config`` passes over it) and the ``fps`` their
+            ``video_second_per_grid`` assumes where the call passes none; such a family's
+            temporal positions are its patches' times (``position_id_per_seconds``).
+        whole_offsets: Qwen3-Omni keeps those times as float positions: they must be whole
+            numbers to sit in a pack's integer ``position_ids``.
+    """
+
+    name: str
+    defaults: Mapping[str, Any]
+    fields: tuple[str, ...] = _GRID
+    timed_patches: bool = False
+    scaled_seconds: bool = False
+    processor_size: Mapping[str, Any] | None = None
+    whole_offsets: bool = False
+
+    def __repr__(self) -> str:
+        return f"VideoStyle({self.name})"
+
+    @property
+    def time_aligned(self) -> bool:
+        """Whether the temporal positions are the patches' times (the Omni thinkers)."""
+        return self.processor_size is not None
+
+
+_QWEN2_DEFAULTS = dict(
+    sample=False,
+    fps=None,
+    min_pixels=128 * 28 * 28,
+    max_pixels=28 * 28 * 768,
+    patch_size=14,
+    mean=_OPENAI_CLIP[0],
+    std=_OPENAI_CLIP[1],
+    max_video_tokens=128000,
+)
+
+QWEN2_VL = VideoStyle(name="qwen2_vl", defaults=_QWEN2_DEFAULTS)
+QWEN2_5_VL = VideoStyle(
+    name="qwen2_5_vl",
+    defaults=_QWEN2_DEFAULTS,
+    fields=(*_GRID, "second_per_grid_ts"),
+    scaled_seconds=True,
+)
+QWEN3_VL = VideoStyle(
+    name="qwen3_vl",
+    defaults=dict(
+        sample=True,
+        fps=2.0,
+        min_pixels=128 * 32 * 32,
+        max_pixels=32 * 32 * 768,
+        patch_size=16,
+        mean=_HALF[0],
+        std=_HALF[1],
+        max_video_tokens=768,
+    ),
+    timed_patches=True,
+)
+# the Omni thinkers' video processor is Qwen2VLVideoProcessor (transformers' auto table)
+QWEN2_5_OMNI = VideoStyle(
+    name="qwen2_5_omni",
+    defaults=_QWEN2_DEFAULTS,
+    fields=(*_GRID, "video_second_per_grid"),
+    processor_size=dict(min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, fps=2.0),
+)
+QWEN3_OMNI = VideoStyle(
+    name="qwen3_omni",
+    defaults=_QWEN2_DEFAULTS,
+    fields=(*_GRID, "video_second_per_grid"),
+    processor_size=dict(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, fps=1.0),
+    whole_offsets=True,
+)
