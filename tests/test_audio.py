@@ -477,32 +477,82 @@ def _faulty() -> list[tuple[str, dict, dict, str]]:
     ]
 
 
+def _videos() -> tuple[list[tuple[str, dict, dict]], list[tuple[str, dict, dict, str]]]:
+    """(key, document, parts) of conversations with videos (one beside a clip and an image),
+    and (key, document, parts, reason) of those whose video cannot be packed."""
+    mp4 = VIDEO.read_bytes()
+
+    def doc(*content, videos=("v.mp4",), **lists):
+        return {
+            "messages": [
+                {"role": "user", "content": list(content)},
+                {"role": "assistant", "content": "A moving square."},
+            ],
+            "videos": list(videos),
+            **lists,
+        }
+
+    video = {"type": "video", "video": "v.mp4"}
+    good = [
+        ("video_alone", doc(video, {"type": "text", "text": "What moves?"}), {"v.mp4": mp4}),
+        (
+            "video_clip_image",
+            doc(
+                {"type": "image", "image": "p.png"},
+                video,
+                {"type": "audio", "audio": "a.wav"},
+                images=["p.png"],
+                audios=["a.wav"],
+            ),
+            {"v.mp4": mp4, "p.png": _png(40, 30, seed=9), "a.wav": clip("wav", seconds=0.5)},
+        ),
+    ]
+    faulty = [
+        ("video_missing", doc(video), {}, "missing_video"),
+        (
+            "video_garbage",
+            doc(video),
+            {"v.mp4": b"\x00\x00\x00\x18ftypmp42 garbage"},
+            "video_unreadable",
+        ),
+        ("video_of_sound", doc(video), {"v.mp4": clip("m4a", seconds=0.4)}, "video_no_stream"),
+    ]
+    return good, faulty
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_mixed_epoch_puts_every_conversation_in_one_pack_or_the_skip_report(tmp_path, workers):
-    """Text, images and audio with faulty clips, through the real loader: each conversation
-    lands in exactly one pack, or in the skip report under its exact reason."""
+    """Text, images, videos and audio with faulty clips and videos, through the real loader:
+    each conversation lands in exactly one pack, or in the skip report under its exact
+    reason."""
     import json
 
     from energon_packing.schema import PACKING_SKIPPED
 
-    faulty = _faulty()
+    videos, bad_videos = _videos()
+    faulty = _faulty() + bad_videos
     raw = [
         {"__key__": key, "json": json.dumps(document).encode(), **parts}
-        for key, document, parts, *_ in [*CONVERSATIONS, *faulty]
+        for key, document, parts, *_ in [*CONVERSATIONS, *videos, *faulty]
     ]
     path = make_dataset(tmp_path, [], raw=raw)
     te = PackingTaskEncoder(
         max_input_seq_length=CAPACITY,
         processor=_omni_processor(),
         max_audio_seconds=5.0,
+        # 4 frames at the smallest size: a video fits the tiny capacity beside its clip
+        video_config={"do_sample_frames": True, "fps": 2.0, "size": {"shortest_edge": 56 * 56}},
     )
     packed, skipped = [], {}
+    grids = 0
     for batch in loader_batches(path, te, buffer=4, workers=workers):
         packed += [key for row in batch["source_ids"] for key in row]
+        grids += sum(len(g) for g in batch.get("video_grid_thw", []))  # one list a pack
         for key, reason in batch[PACKING_SKIPPED]:
             assert key not in skipped, key
             skipped[key] = reason
-    assert sorted(packed) == sorted(BY_KEY)
+    assert sorted(packed) == sorted([*BY_KEY, *(key for key, *_ in videos)])
+    assert grids == len(videos)  # each packed video's pixels are in its pack
     assert skipped == {key: reason for key, _, _, reason in faulty}
 
 
