@@ -126,16 +126,18 @@ def test_the_sizes_come_from_the_published_configs():
     assert qwen25.windowed_layers == 28
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni", "qwen3_omni"]
+)
 def test_transformers_configs_are_read_as_the_model_builds_itself(family):
     """A ``transformers`` config object: the tower's depth, width and MLP width are those of
-    the modules the model builds (counted from its parameters)."""
+    the modules the model builds (counted from its parameters); the Omni thinkers' too."""
     pytest.importorskip("transformers")
     from energon_packing.testing.families import build
 
     _, model, _ = build(family)
     cost = step_cost_model(model.config)
-    visual = model.model.visual
+    visual = getattr(model, "visual", None) or model.model.visual  # the Omni thinkers: own
     blocks = visual.blocks
     tower = cost.vision
     assert tower.depth == len(blocks)
@@ -148,6 +150,30 @@ def test_transformers_configs_are_read_as_the_model_builds_itself(family):
     text = model.config.get_text_config()
     assert (cost.hidden_size, cost.num_layers) == (text.hidden_size, text.num_hidden_layers)
     assert cost.source  # read, not the defaults
+
+
+@pytest.mark.parametrize("name", ["Qwen2_5OmniConfig", "Qwen3OmniMoeConfig"])
+def test_an_omni_config_is_priced_by_its_thinker(name):
+    """An Omni model's ``config.json`` nests its text and vision configs in ``thinker_config``
+    (beside the talker): they are read there, not replaced by the 7B defaults."""
+    transformers = pytest.importorskip("transformers")
+
+    config = getattr(transformers, name)()
+    thinker = config.thinker_config
+    cost = step_cost_model(config.to_dict())
+    text, vision = thinker.text_config, thinker.vision_config
+    assert (cost.hidden_size, cost.num_layers) == (text.hidden_size, text.num_hidden_layers)
+    experts = getattr(text, "num_experts_per_tok", None)
+    mlp = experts * text.moe_intermediate_size if experts else text.intermediate_size
+    assert cost.ffn_hidden_size == mlp
+    assert cost.vision.depth == vision.depth and cost.vision.patch_size == vision.patch_size
+    assert cost.vision.intermediate_size == vision.intermediate_size
+    assert cost.vision.out_hidden_size == vision.out_hidden_size
+    assert (
+        cost.source
+        and step_cost_model(thinker.to_dict()).describe().split(" (")[0]
+        == (cost.describe().split(" (")[0])
+    )
 
 
 def test_a_model_directory_decides_the_sizes_and_nothing_named_keeps_the_defaults(tmp_path):

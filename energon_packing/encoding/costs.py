@@ -65,6 +65,16 @@ def _as_dict(config: Any) -> dict:
     )
 
 
+def _thinker(config: dict) -> dict:
+    """The Omni models' (Qwen2.5-Omni, Qwen3-Omni) ``thinker_config``, which holds their text,
+    vision and audio configs (the talker speaks; it is not what a pack trains), under the
+    top-level model type; any other config as it is."""
+    thinker = config.get("thinker_config")
+    if not isinstance(thinker, Mapping):
+        return config
+    return {**thinker, "model_type": config.get("model_type") or thinker.get("model_type")}
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, (list, tuple)) and value:  # patch_size as [h, w]
         value = value[0]
@@ -84,7 +94,7 @@ def _text(config: dict) -> dict:
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is of a family whose packs carry no grids (logged)."""
-    raw = _as_dict(config)
+    raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
         return None
@@ -145,7 +155,7 @@ def step_cost_model(config: Any, *, source: str = "") -> StepCostModel:
     Raises:
         ValueError: the config names no decoder size (``hidden_size``, ``num_hidden_layers``).
     """
-    raw = _as_dict(config)
+    raw = _thinker(_as_dict(config))
     kind = str(raw.get("model_type") or "")
     if not source:
         source = str(config) if isinstance(config, (str, Path)) else f"model_type={kind!r}"
