@@ -77,6 +77,7 @@ class StandInVideoProcessor:
 
         self.calls.append(dict(kwargs))
         kwargs.pop("return_tensors", None)
+        kwargs.pop("max_video_tokens", None)  # its pixel cap reads its own, never the call's
         rule = video_rules.VideoRule.of(video_styles.QWEN2_VL, self.settings, overrides=kwargs)
         pixels, grids = [], []
         for path in videos:
@@ -202,10 +203,13 @@ def _in_order(document: dict, kind: str) -> list[str]:
     ]
 
 
-def _reference(processor, key: str, tmp: Path, video_config: dict | None) -> dict:
+def _reference(
+    processor, key: str, tmp: Path, video_config: dict | None, *, by_key: dict | None = None
+) -> dict:
     """The real Omni processor on the conversation alone (the stand-in video processor in
-    its video processor's place)."""
-    document, parts = BY_KEY[key]
+    its video processor's place; ``tests/test_video_real.py``: a real processor and video
+    processor, over ``by_key``'s conversations)."""
+    document, parts = (by_key or BY_KEY)[key]
     messages = [
         {
             "role": m["role"],
@@ -225,12 +229,15 @@ def _reference(processor, key: str, tmp: Path, video_config: dict | None) -> dic
         paths.append(str(tmp / name))
     images = [decode_image(parts[name]) for name in _in_order(document, "image")]
     clips = [audio.decode(parts[name]) for name in _in_order(document, "audio")]
+    extra = {"audio": clips or None}
+    if "Omni" not in type(processor).__name__:  # Qwen-VL: no audio; the token types it takes
+        extra = {"return_mm_token_type_ids": True}
     return processor(
         text=[text],
         videos=paths or None,
         images=[images] if images else None,
-        audio=clips or None,
         return_tensors="pt",
+        **extra,
         **(video_config or {}),
     )
 
@@ -382,6 +389,27 @@ def test_an_omni_processors_own_size_passes_over_its_video_processors():
     # Qwen2-VL itself keeps the checkpoint's bounds and the sampled rate
     rule = video_rules.VideoRule.of(video_styles.QWEN2_VL, published)
     assert (rule.min_pixels, rule.max_pixels, rule.grid_seconds) == (3136, 12845056, None)
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+def test_an_omni_calls_max_video_tokens_is_refused_naming_the_knob(family):
+    """The Omni processors pass ``video_config`` in their call, and ``Qwen2VLVideoProcessor``'s
+    pixel cap reads its own ``max_video_tokens``, never the call's (``tests/test_video_real.py``
+    shows it on the real processor: a call's 16 makes the grid of its own 128000): a
+    ``video_config`` one that differs is refused, naming the knob; the video processor's own
+    setting is taken. Qwen-VL's ``video_config`` is the video processor's settings: taken."""
+    with pytest.raises(
+        ValueError,
+        match=rf"^video_config\['max_video_tokens'\]=16: {family}'s processor passes video_config "
+        r"in its call, .* by its own max_video_tokens \(128000\)",
+    ):
+        video_rules.VideoRule.of(family, None, overrides={"max_video_tokens": 16})
+    own = {"max_video_tokens": 16, "cap_pixels_per_frame": True}
+    assert video_rules.VideoRule.of(family, own).max_video_tokens == 16
+    same = video_rules.VideoRule.of(family, own, overrides={"max_video_tokens": 16})
+    assert same.max_video_tokens == 16
+    qwen = video_rules.VideoRule.of("qwen2_5_vl", None, overrides={"max_video_tokens": 16})
+    assert qwen.max_video_tokens == 16
 
 
 @pytest.mark.parametrize("family", AUDIO_FAMILIES)

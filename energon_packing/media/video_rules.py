@@ -117,6 +117,9 @@ class VideoRule:
             return getattr(config, name, missing) if config is not None else missing
 
         omni = style.processor_size
+        # an Omni processor passes video_config in its call, and Qwen2VLVideoProcessor's pixel
+        # cap reads its own max_video_tokens, never the call's
+        called_cap = overrides.pop("max_video_tokens", _MISSING) if omni else _MISSING
         if omni is not None:  # the processor's size passes over the video processor's
             values.update(min_pixels=omni["min_pixels"], max_pixels=omni["max_pixels"])
         size = get("size")
@@ -168,6 +171,14 @@ class VideoRule:
             raise ValueError(
                 f"{family}: do_sample_frames needs fps or num_frames (the processor's defaults "
                 f"have neither; qwen-vl-utils samples at fps=2.0)"
+            )
+        if called_cap is not _MISSING and called_cap != values["max_video_tokens"]:
+            raise ValueError(
+                f"video_config['max_video_tokens']={called_cap}: {family}'s processor passes "
+                f"video_config in its call, and its video processor (Qwen2VLVideoProcessor) caps "
+                f"a frame's pixels by its own max_video_tokens ({values['max_video_tokens']}), "
+                f"not the call's; set it in the video processor's settings "
+                f"(video_preprocessor_config.json), or leave it out of video_config"
             )
         if omni is not None:
             fps = overrides.get("fps") or omni["fps"]
