@@ -398,17 +398,20 @@ def test_an_omni_calls_max_video_tokens_is_refused_naming_the_knob(family):
     shows it on the real processor: a call's 16 makes the grid of its own 128000): a
     ``video_config`` one that differs is refused, naming the knob; the video processor's own
     setting is taken. Qwen-VL's ``video_config`` is the video processor's settings: taken."""
+    style = getattr(video_styles, family.upper())
     with pytest.raises(
         ValueError,
         match=rf"^video_config\['max_video_tokens'\]=16: {family}'s processor passes video_config "
         r"in its call, .* by its own max_video_tokens \(128000\)",
     ):
-        video_rules.VideoRule.of(family, None, overrides={"max_video_tokens": 16})
+        video_rules.VideoRule.of(style, None, overrides={"max_video_tokens": 16})
     own = {"max_video_tokens": 16, "cap_pixels_per_frame": True}
-    assert video_rules.VideoRule.of(family, own).max_video_tokens == 16
-    same = video_rules.VideoRule.of(family, own, overrides={"max_video_tokens": 16})
+    assert video_rules.VideoRule.of(style, own).max_video_tokens == 16
+    same = video_rules.VideoRule.of(style, own, overrides={"max_video_tokens": 16})
     assert same.max_video_tokens == 16
-    qwen = video_rules.VideoRule.of("qwen2_5_vl", None, overrides={"max_video_tokens": 16})
+    qwen = video_rules.VideoRule.of(
+        video_styles.QWEN2_5_VL, None, overrides={"max_video_tokens": 16}
+    )
     assert qwen.max_video_tokens == 16
 
 
