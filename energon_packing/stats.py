@@ -161,6 +161,7 @@ class PackingStats:
     cost_decoder_linear: int = 0
     cost_attention: int = 0
     cost_vision: int = 0
+    cost_audio: int = 0
     #: the largest vision share of one pack's modelled cost so far
     vision_share_max: float = 0.0
     worker: int = 0  # the loader worker these numbers belong to (within the rank)
@@ -195,7 +196,8 @@ class PackingStats:
             self.cost_decoder_linear += cost.decoder_linear
             self.cost_attention += cost.attention
             self.cost_vision += cost.vision
-            total = cost.decoder_linear + cost.attention + cost.vision
+            self.cost_audio += getattr(cost, "audio", 0)
+            total = cost.decoder_linear + cost.attention + cost.vision + getattr(cost, "audio", 0)
             if total:
                 self.vision_share_max = max(self.vision_share_max, cost.vision / total)
 
@@ -236,6 +238,8 @@ class PackingStats:
             out["packing/cost/attention_tflops"] = self.cost_attention / 1e12
             out["packing/cost/vision_tflops"] = self.cost_vision / 1e12
             out["packing/cost/vision_share_max"] = self.vision_share_max
+            if self.cost_audio:  # a model with an audio encoder, packs with clips
+                out["packing/cost/audio_tflops"] = self.cost_audio / 1e12
         if self.carry_events:
             out["packing/carry/events"] = self.carry_events
             out["packing/carry/emitted_after_wait"] = self.carried_emitted
@@ -260,6 +264,7 @@ _SUMMED = (
     "cost/decoder_linear_tflops",
     "cost/attention_tflops",
     "cost/vision_tflops",
+    "cost/audio_tflops",
 )
 
 

@@ -263,6 +263,104 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     )
 
 
+# ---- the audio encoder ------------------------------------------------------------------------
+
+
+def _audio_encoder(model):
+    return next(m for m in model.modules() if type(m).__name__.endswith("AudioEncoder"))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+def test_an_audio_encoder_costs_what_torch_counts_in_its_forward(family):
+    """The Omni thinkers' audio encoders, run on clips of a part of a chunk to many chunks:
+    their convolutions and matrix products as torch's ``FlopCounterMode`` counts them in the
+    encoder's own forward equal :meth:`AudioTower.clip_flops` less its attention (which the
+    counter does not see in the encoder's attention path), ``4 d sum(S**2)`` per layer."""
+    pytest.importorskip("transformers")
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from energon_packing.encoding.costs import audio_tower
+    from energon_packing.testing.families import build
+
+    _, model, _ = build(family)
+    encoder = _audio_encoder(model)
+    tower = audio_tower(model.config)
+    assert tower is not None and tower.depth == len(encoder.layers)
+    assert tower.hidden_size == encoder.layers[0].fc1.in_features
+    assert tower.intermediate_size == encoder.layers[0].fc1.out_features
+    for frames in (37, 100, 200, 1000, 1637):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            encoder(
+                input_features=torch.randn(tower.mel_bins, frames),
+                feature_lens=torch.tensor([frames]),
+            )
+        attention = tower.depth * 4 * tower.hidden_size * sum(s * s for s in tower.windows(frames))
+        assert counter.get_total_flops() == tower.clip_flops(frames) - attention, frames
+
+
+def test_audio_windows_are_the_ones_transformers_attends_within():
+    """The attention windows of a clip: transformers' own ``cu_seqlens`` (Qwen2.5-Omni: one a
+    chunk; Qwen3-Omni: ``n_window_infer / 2 n_window`` chunks, at the published 800 / 50)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as q25
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
+
+    from energon_packing.packing.audio_tower import AudioTower
+
+    sizes = dict(depth=1, hidden_size=8, intermediate_size=8, out_hidden_size=8)
+    qwen25 = AudioTower(**sizes, chunk_frames=200)
+    qwen3 = AudioTower(**sizes, chunk_frames=100, downsample_hidden_size=4, window_chunks=8)
+    for frames in (37, 100, 199, 200, 801, 1637, 3000, 12345):
+        lens = torch.tensor([frames])
+        cu = q25.get_audio_cu_seqlens(torch.tensor(qwen25.chunks(frames)))
+        assert qwen25.windows(frames) == torch.diff(cu).tolist(), frames
+        _, chunks = q3.chunk_and_pad_features(torch.zeros(128, frames), lens, 50)
+        assert chunks.tolist() == qwen3.chunks(frames)
+        cu = q3.get_audio_cu_seqlens(chunks, lens, 800, 50)
+        assert qwen3.windows(frames) == torch.diff(cu).tolist(), frames
+
+
+@pytest.mark.processor_media
+def test_a_packs_audio_cost_is_its_clips_frames_priced():
+    """Through Qwen2.5-Omni's processor: balanced emission prices a group by its clips' mel
+    frames known at encode time (from their samples), and the emitted pack by its own
+    ``feature_attention_mask``: the same frames, ``3 x clip_flops`` each; the stats sum it."""
+    pytest.importorskip("transformers")
+    from helpers import conversation_sample
+
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.testing.audio import clip
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build("qwen2_5_omni")
+    te = PackingTaskEncoder(processor=processor, max_input_seq_length=1024)
+    te.cost_model = step_cost_model(model.config)
+    tower = te.cost_model.audio
+    assert tower is not None
+    seconds = {"a": 1.37, "b": 2.9}
+    encoded = []
+    for key, length in seconds.items():
+        document = {
+            "messages": [
+                {"role": "user", "content": [{"type": "audio", "audio": "c.wav"}]},
+                {"role": "assistant", "content": "A tone."},
+            ],
+            "audios": ["c.wav"],
+        }
+        parts = {"c.wav": clip("wav", seconds=length)}
+        encoded.append(te.encode_sample(conversation_sample(key, document, parts)))
+    frames = [-(-round(s * 16000) // 160) for s in seconds.values()]  # hop 160 at 16 kHz
+    assert [s.audio_frames for s in encoded] == [[n] for n in frames]
+    hand = 3 * sum(tower.clip_flops(n) for n in frames)
+    lengths = [s.length for s in encoded]
+    assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=1024) == hand
+    pack = te.pack_selected_samples(encoded).pack
+    assert te.emitted_cost(pack).audio == hand
+    assert te.stats.metrics()["packing/cost/audio_tflops"] == pytest.approx(hand / 1e12)
+
+
 # ---- balance over an image-heavy mix ---------------------------------------------------------
 
 

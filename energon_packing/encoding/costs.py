@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from energon_packing.encoding.models import find_model_config
+from energon_packing.packing.audio_tower import AudioTower
 from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
 
 __all__ = [
     "DEFAULT_TOWER",
+    "audio_tower",
     "cost_model_for",
     "default_cost_model",
     "grids_from_tokens",
@@ -144,6 +146,36 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     )
 
 
+#: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
+_AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
+
+
+def audio_tower(config: Any) -> AudioTower | None:
+    """The audio encoder of a model config (an Omni thinker's ``audio_config``), or None where
+    it has none or one this package does not price (logged)."""
+    raw = _thinker(_as_dict(config))
+    audio = raw.get("audio_config")
+    if not isinstance(audio, Mapping):
+        return None
+    kind = str(audio.get("model_type") or "")
+    if kind not in _AUDIO_ENCODERS:
+        logger.info("audio encoder %r is not priced; balancing leaves its clips out", kind)
+        return None
+    window = _int(audio.get("n_window")) or 50
+    down = _int(audio.get("downsample_hidden_size")) or 0
+    infer = _int(audio.get("n_window_infer"))
+    return AudioTower(
+        depth=int(audio["encoder_layers"]),
+        hidden_size=int(audio["d_model"]),
+        intermediate_size=int(audio["encoder_ffn_dim"]),
+        out_hidden_size=int(audio["output_dim"]),
+        mel_bins=_int(audio.get("num_mel_bins")) or 128,
+        chunk_frames=2 * window,
+        downsample_hidden_size=down,
+        window_chunks=max(1, infer // (2 * window)) if down and infer else 1,
+    )
+
+
 def step_cost_model(config: Any, *, source: str = "") -> StepCostModel:
     """The step-cost model of a model: its decoder and vision encoder, from its config.
 
@@ -182,6 +214,7 @@ def step_cost_model(config: Any, *, source: str = "") -> StepCostModel:
         kv_size=kv_heads * head_dim if kv_heads and head_dim else None,
         vocab_size=_int(text.get("vocab_size")) or _int(raw.get("vocab_size")) or 0,
         vision=vision_tower(raw, model_type=kind),
+        audio=audio_tower(raw),
         source=source,
     )
 

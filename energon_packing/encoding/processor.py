@@ -94,6 +94,8 @@ class ProcessorEncoding:
     #: each video's plan from its header, in the same order
     video_plans: list = field(default_factory=list)
     audio_order: list[int] = field(default_factory=list)
+    #: each audio clip's mel frames, in the same order (the audio encoder's cost)
+    audio_frames: list[int] = field(default_factory=list)
     truncated: int = 0
 
     @property
@@ -330,7 +332,8 @@ class ProcessorChat:
             takes_audio=None if self.audio is not None else self._no_audio(),
             max_seconds=config.max_audio_seconds,
         )
-        heard = self.audio.expansions([clip.samples for clip in clips]) if clips else []
+        samples = [clip.samples for clip in clips]
+        heard = self.audio.expansions(samples) if clips else []
 
         chat = self.messages(turns)
         try:
@@ -361,6 +364,7 @@ class ProcessorChat:
             video_order=c.videos.order,
             video_plans=plans,
             audio_order=c.audios.order,
+            audio_frames=self.audio.frames(samples) if clips else [],
         )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)

@@ -89,11 +89,16 @@ class AudioSide:
                     f"silently: cut such clips, or raise audio_config['chunk_length']",
                 )
 
+    def frames(self, samples: Sequence[int]) -> list[int]:
+        """Mel frames of each of one conversation's clips (``samples`` at 16 kHz), as the
+        processor's call with that conversation's clips makes them (what the audio encoder
+        reads: the step-cost model prices them)."""
+        self._check_family_maximum(samples)
+        return self.rule.frames(list(samples), self.extractor.hop_length)
+
     def tokens(self, samples: Sequence[int]) -> list[int]:
         """Audio tokens of each of one conversation's clips (``samples`` at 16 kHz)."""
-        self._check_family_maximum(samples)
-        frames = self.rule.frames(list(samples), self.extractor.hop_length)
-        return [self.rule.tokens(f, self.processor) for f in frames]
+        return [self.rule.tokens(f, self.processor) for f in self.frames(samples)]
 
     def expansions(self, samples: Sequence[int]) -> list[str]:
         """Each clip's placeholder expansion, as ``replace_audio_token`` writes it."""

@@ -112,6 +112,9 @@ class EncodedConversation(Sample):
     #: emission prices its vision encoder by)
     grids: list = dataclasses.field(default_factory=list)
     audios: list = dataclasses.field(default_factory=list)  # compressed bytes, in order
+    #: each audio clip's mel frames (what balanced emission prices its audio encoder by;
+    #: empty where no audio encoder is priced)
+    audio_frames: list = dataclasses.field(default_factory=list)
 
 
 @edataclass

@@ -243,6 +243,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 sample.audios[sample.audio_names[i]] for i in getattr(encoding, "audio_order", ())
             ],
             grids=self._grids(encoding),
+            audio_frames=(
+                list(getattr(encoding, "audio_frames", ())) if self.cost_model.audio else []
+            ),
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
         )
@@ -301,12 +304,13 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         return selection
 
     def pack_cost(self, samples: list[EncodedConversation]) -> int:
-        """Training FLOPs of a group as a pack (:attr:`cost_model`: decoder and vision
-        encoder), for balanced emission."""
+        """Training FLOPs of a group as a pack (:attr:`cost_model`: decoder, vision and audio
+        encoders), for balanced emission."""
         return self.cost_model.pack_flops(
             [s.length for s in samples],
             capacity=self.config.max_input_seq_length,
             grids=[g for s in samples for g in getattr(s, "grids", ())],
+            audio_frames=[n for s in samples for n in getattr(s, "audio_frames", ())],
         )
 
     def emitted_cost(self, pack: Pack) -> PackCost:
@@ -319,8 +323,15 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             if name in pack.media
             for row in np.asarray(pack.media[name]).reshape(-1, 3).tolist()
         ]
+        mask = pack.media.get("feature_attention_mask")  # a clip's mel frames: its mask's
+        frames = (
+            np.asarray(mask).reshape(-1, np.shape(mask)[-1]).sum(-1) if mask is not None else ()
+        )
         return self.cost_model.pack_cost(
-            [b - a for a, b in zip(bounds, bounds[1:])], capacity=pack.width, grids=grids
+            [b - a for a, b in zip(bounds, bounds[1:])],
+            capacity=pack.width,
+            grids=grids,
+            audio_frames=[int(n) for n in frames],
         )
 
     def build_train_datasets(self, **kwargs: Any) -> Any:

@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from energon_packing.packing.audio_tower import AudioTower
+
 __all__ = [
     "HISTORY",
     "Grid",
@@ -162,10 +164,11 @@ class PackCost:
     decoder_linear: int  #: the decoder's C tokens through its linear layers (same every pack)
     attention: int  #: causal attention over each source
     vision: int  #: the vision encoder over the pack's images and videos
+    audio: int = 0  #: the audio encoder over the pack's clips
 
     @property
     def total(self) -> int:
-        return self.decoder_linear + self.attention + self.vision
+        return self.decoder_linear + self.attention + self.vision + self.audio
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -176,6 +179,7 @@ class StepCostModel:
                            + 2*q*sum(L_i**2)                    causal attention (halved)
         decoder, once:       2*C*h*vocab_size                   the output projection
         vision:              VisionTower.grid_flops of each image / video grid of the pack
+        audio:               AudioTower.clip_flops of each audio clip of the pack (mel frames)
 
     ``q`` is the attention width (heads x head dim, default h), ``kv`` the key/value width
     (grouped-query attention; default q). The decoder's linear part is the same for every
@@ -194,6 +198,8 @@ class StepCostModel:
         vocab_size: Output projection rows (0: left out, as for an unknown model).
         vision: The vision encoder (None: images and videos cost nothing extra).
         train_vision: Whether the encoder is trained (3x its forward) or frozen (1x).
+        audio: The audio encoder (None: audio clips cost nothing extra).
+        train_audio: Whether the audio encoder is trained (3x its forward) or frozen (1x).
         source: Where the sizes were read ("" for the defaults).
     """
 
@@ -205,6 +211,8 @@ class StepCostModel:
     vocab_size: int = 0
     vision: VisionTower | None = None
     train_vision: bool = True
+    audio: AudioTower | None = None
+    train_audio: bool = True
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -246,23 +254,44 @@ class StepCostModel:
         passes = 3 if self.train_vision else 1
         return passes * sum(self.vision.grid_flops(_grid(g)) for g in grids)
 
+    def audio_flops(self, frames: Iterable[int]) -> int:
+        """Training FLOPs of the audio encoder over clips of ``frames`` mel frames."""
+        if self.audio is None:
+            return 0
+        passes = 3 if self.train_audio else 1
+        return passes * sum(self.audio.clip_flops(n) for n in frames)
+
     def pack_cost(
-        self, lengths: Sequence[int], *, capacity: int, grids: Iterable[Grid] = ()
+        self,
+        lengths: Sequence[int],
+        *,
+        capacity: int,
+        grids: Iterable[Grid] = (),
+        audio_frames: Iterable[int] = (),
     ) -> PackCost:
-        """A pack ``capacity`` wide holding sources of ``lengths`` and media of ``grids``, by
-        component."""
+        """A pack ``capacity`` wide holding sources of ``lengths``, images and videos of
+        ``grids`` and audio clips of ``audio_frames`` mel frames, by component."""
         return PackCost(
             decoder_linear=self.linear_flops(capacity),
             attention=self.attention_flops(lengths),
             vision=self.vision_flops(grids),
+            audio=self.audio_flops(audio_frames),
         )
 
     def pack_flops(
-        self, lengths: Sequence[int], *, capacity: int, grids: Iterable[Grid] = ()
+        self,
+        lengths: Sequence[int],
+        *,
+        capacity: int,
+        grids: Iterable[Grid] = (),
+        audio_frames: Iterable[int] = (),
     ) -> int:
         """Training FLOPs of such a pack (:meth:`pack_cost`'s total)."""
         return (
-            self.linear_flops(capacity) + self.attention_flops(lengths) + self.vision_flops(grids)
+            self.linear_flops(capacity)
+            + self.attention_flops(lengths)
+            + self.vision_flops(grids)
+            + self.audio_flops(audio_frames)
         )
 
     def describe(self) -> str:
@@ -278,6 +307,11 @@ class StepCostModel:
                 text += (
                     f", windows of {tower.window_size} except layers {tower.full_attention_layers}"
                 )
+        if self.audio is not None:
+            text += (
+                f"; audio {self.audio.depth} layers, d={self.audio.hidden_size}, "
+                f"f={self.audio.intermediate_size}"
+            )
         return f"{text} ({self.source or 'defaults: no model named'})"
 
 

@@ -69,6 +69,8 @@ class Measured:
     audios: int = 0  # audio clips
     #: each conversation's image and video grids (empty where no vision encoder is priced)
     grids: list = field(default_factory=list)
+    #: each conversation's audio clips' mel frames (empty where no audio encoder is priced)
+    audio_frames: list = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -117,7 +119,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
 
     from energon_packing.loader.loading import epoch
 
-    keys, costs, lengths, grids = [], [], [], []
+    keys, costs, lengths, grids, audio_frames = [], [], [], [], []
     image_id, video_id = task_encoder.image_token_id, video_token_id(task_encoder)
     audio_id = audio_token_id(task_encoder)
     image_tokens = video_tokens = videos = with_videos = audio_tokens = audios = 0
@@ -137,6 +139,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         costs.append(sample.cost)
         lengths.append(sample.length)
         grids.append(list(sample.grids))
+        audio_frames.append(list(getattr(sample, "audio_frames", None) or ()))
         ids = np.asarray(sample.input_ids)
         if image_id is not None:
             image_tokens += int(np.count_nonzero(ids == image_id))
@@ -161,6 +164,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         audio_tokens=audio_tokens if audio_id is not None else None,
         audios=audios,
         grids=grids,
+        audio_frames=audio_frames,
     )
 
 
@@ -170,16 +174,22 @@ def format_pack_costs(measured: Measured, cost_model: Any, *, buffer: int) -> st
     and each component's share of the mean."""
     capacity = measured.capacity
     grids = measured.grids or [[] for _ in measured.costs]
+    frames = measured.audio_frames or [[] for _ in measured.costs]
     parts: dict[str, list[int]] = {"decoder linear": [], "attention": [], "vision": []}
+    if cost_model.audio is not None:
+        parts["audio"] = []
     for group in pack_stream(measured.costs, capacity, buffer_size=buffer, carry=True):
         cost = cost_model.pack_cost(
             [measured.lengths[i] for i in group],
             capacity=capacity,
             grids=[g for i in group for g in grids[i]],
+            audio_frames=[n for i in group for n in frames[i]],
         )
         parts["decoder linear"].append(cost.decoder_linear)
         parts["attention"].append(cost.attention)
         parts["vision"].append(cost.vision)
+        if "audio" in parts:
+            parts["audio"].append(cost.audio)
     count = len(parts["vision"])
     if not count:
         return "modelled cost per pack: no packs"
