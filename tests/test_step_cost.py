@@ -434,3 +434,28 @@ def test_stats_reports_each_packs_cost_by_component():
     assert f"vision {vision / packs / 1e12:,.1f} " in line
     assert f"decoder linear {model.linear_flops(1024) / 1e12:,.1f} " in line
     assert "Qwen2" not in line and "model_type='qwen2_vl'" in line
+    assert "audio" not in line.split("; for ")[0]  # no audio encoder: no audio part
+
+
+def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
+    """An Omni model's cost line has an audio part: the encoder over every clip once."""
+    pytest.importorskip("transformers")
+    from transformers import Qwen2_5OmniConfig
+
+    from energon_packing.tools.report import Measured, format_pack_costs
+
+    model = step_cost_model(Qwen2_5OmniConfig().to_dict())
+    frames = [[1370], [], [290, 4000], []]
+    lengths = [400, 700, 900, 40]
+    measured = Measured(
+        keys=list("abcd"),
+        costs=lengths,
+        lengths=lengths,
+        skipped={},
+        capacity=1024,
+        audio_frames=frames,
+    )
+    line = format_pack_costs(measured, model, buffer=8)
+    audio = model.audio_flops([n for clips in frames for n in clips])
+    packs = 3  # the 900 fits only beside the 40, and 700 + 400 > 1,024
+    assert f"audio {audio / packs / 1e12:,.1f} " in line, line
