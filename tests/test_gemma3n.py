@@ -268,3 +268,53 @@ def _reference_of(processor, data: str, key: str) -> dict:
     return _processor_call(
         processor, BY_KEY[key], [decode(d) for d in images_in_order(BY_KEY[key])]
     )
+
+
+def test_a_gemma3n_directory_loads_and_packs_without_timm(tmp_path):
+    """A Gemma 3n model directory (tokenizer, preprocessor and processor configs, chat
+    template, config.json) loads as transformers' Gemma3nProcessor and packs as gemma3n: the
+    processor needs neither timm nor torchvision (its model's vision tower does; packing never
+    builds the model), so nothing is refused; ids equal the loaded processor's own."""
+    from test_audio import _hf_messages
+
+    from energon_packing.encoding import audio
+    from energon_packing.encoding.processor_loading import load_processor
+    from energon_packing.testing.audio import clip
+    from energon_packing.testing.families import save_published
+
+    save_published(build("gemma3n", model=False)[0], tmp_path)
+    loaded = load_processor(tmp_path)
+    assert type(loaded).__name__ == "Gemma3nProcessor"
+    assert type(loaded.feature_extractor).__name__ == "Gemma3nAudioFeatureExtractor"
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=str(tmp_path))
+    assert te.chat.family_name == "gemma3n"
+    from test_pixtral import _png
+
+    document = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "a.png"},
+                    {"type": "text", "text": "Does it sound like"},
+                    {"type": "audio", "audio": "b.wav"},
+                ],
+            },
+            {"role": "assistant", "content": "No."},
+        ],
+        "images": ["a.png"],
+        "audios": ["b.wav"],
+    }
+    parts = {"a.png": _png(90, 60), "b.wav": clip("wav", seconds=1.3, seed=2)}
+    encoded = te.encode_sample(conversation_sample("d", document, parts))
+    text = loaded.apply_chat_template(_hf_messages(document), tokenize=False)
+    real = loaded(
+        text=[text],
+        images=[[decode(parts["a.png"])]],
+        audio=[audio.decode(parts["b.wav"])],
+        add_special_tokens=False,
+        return_tensors="np",
+    )
+    assert encoded.input_ids.tolist() == real["input_ids"][0].tolist()
+    assert (real["input_ids"][0] == loaded.image_token_id).sum() == IMAGE_TOKENS
+    assert (real["input_ids"][0] == loaded.audio_token_id).sum() == 188
