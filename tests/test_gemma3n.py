@@ -218,21 +218,28 @@ def test_gemma3n_per_source_logits_equal_each_conversation_alone(request, gemma3
     """Per-source logits of each loader pack equal each conversation run alone through the
     processor (<= 1e-5): with a block-causal mask per layer type (the sliding window inside
     each conversation) and through the model's own padding-free path (``to_hf``: restarting
-    positions, no mask). Gemma 3n's text model is causal over an image's tokens too (unlike
-    Gemma 3, no image blocks); its audio encoder's output for a clip does not depend on the
-    zero frames the pack pads it with. Positions running on across the pack change the logits,
-    and so do the pixels and the clips (they reach the logits)."""
+    positions, no mask). Gemma 3n's text model is causal over an image's tokens: Gemma 3's
+    bidirectional image blocks move the logits (0.35 on these packs), so no blocks; its audio
+    encoder's output for a clip does not depend on the zero frames the pack pads it with.
+    Positions running on across the pack change the logits, and so do the pixels and the
+    clips (they reach the logits)."""
     from energon_packing.hf import to_hf
     from energon_packing.testing import hf
 
     processor, model, info = gemma3n_model
     dataset = request.getfixturevalue("gemma3n_dataset" if data == "images" else "audio_dataset")
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
-    worst = free_worst = crossed = media_effect = 0.0
+    worst = free_worst = crossed = media_effect = blocks = 0.0
     sources = 0
     for batch in loader_batches(dataset, te, buffer=8):
         (mb,) = prepacked_microbatches(batch, pad_multiple=8)
         logits = hf.run(model, hf.packed_kwargs(mb.model_inputs, mb.cu_seqlens_padded, info))
+        if data == "images":  # Gemma 3's mask (an image's tokens see each other) is not its
+            gemma3 = {**info, "family": "gemma3"}
+            bidirectional = hf.run(
+                model, hf.packed_kwargs(mb.model_inputs, mb.cu_seqlens_padded, gemma3)
+            )
+            blocks = max(blocks, float((bidirectional - logits).abs().max()))
         kw = {k: v for k, v in to_hf(batch, model=model).items() if k != "use_cache"}
         assert "attention_mask" not in kw
         free = hf.run(model, kw)
@@ -257,7 +264,8 @@ def test_gemma3n_per_source_logits_equal_each_conversation_alone(request, gemma3
     assert free_worst <= 1e-5, f"{data}: to_hf's per-source logits differ by {free_worst:.2e}"
     assert crossed > 1e-2, f"{data}: positions running on change nothing ({crossed:.2e})"
     assert media_effect > 1e-2, f"{data}: the media never reach the logits ({media_effect:.2e})"
-    print(f"gemma3n {data}: block mask {worst:.2e}, to_hf {free_worst:.2e}")
+    assert data == "audio" or blocks > 1e-2, f"image blocks change nothing ({blocks:.2e})"
+    print(f"gemma3n {data}: block mask {worst:.2e}, to_hf {free_worst:.2e}, Gemma 3's {blocks:.2e}")
 
 
 def _reference_of(processor, data: str, key: str) -> dict:
