@@ -205,10 +205,6 @@ def _gemma3n_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {}
 
 
-def _gemma3n_expansion(processor: Any, inputs: dict, index: int) -> str:
-    return processor.full_image_sequence
-
-
 def _gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     """Gemma 4's aspect-preserving resize to at most ``max_soft_tokens`` pooled patches: the
     soft tokens of each image."""
@@ -596,10 +592,10 @@ FAMILIES: tuple[Family, ...] = (
         token_types="token_type_ids",  # Gemma3Processor renames mm_token_type_ids
     ),
     # Gemma 3n: a fixed image sequence (``\n\n<start_of_image>``, image_seq_length soft tokens,
-    # ``<end_of_image>\n\n``); unlike Gemma 3 its text model is causal over an image too
+    # ``<end_of_image>\n\n``); unlike Gemma 3 its text model is causal over an image too;
+    # proven on the newest release only (no expansion rule of older ones)
     Family(
         name="gemma3n",
-        expansion=_gemma3n_expansion,
         classes=("Gemma3nProcessor",),
         model_types=("gemma3n",),
         replacement_inputs=_gemma3n_inputs,
