@@ -331,3 +331,33 @@ def test_a_gemma3n_directory_loads_and_packs_without_timm(tmp_path):
     assert encoded.input_ids.tolist() == real["input_ids"][0].tolist()
     assert (real["input_ids"][0] == loaded.image_token_id).sum() == IMAGE_TOKENS
     assert (real["input_ids"][0] == loaded.audio_token_id).sum() == 188
+
+
+@pytest.mark.torchvision
+def test_to_hf_leaves_out_the_media_a_pack_of_a_batch_lacks(audio_dataset, gemma3n_model):
+    """Two packs a batch: where one holds an image and the other none, ``to_hf`` of the other
+    passes no ``pixel_values`` (the batch holds it an empty tensor, on which Gemma 3n's timm
+    tower fails), and each row's per-source logits equal each conversation alone."""
+    from energon_packing.hf import to_hf
+    from energon_packing.testing import hf
+
+    processor, model, _ = gemma3n_model
+    te = PackingTaskEncoder(max_input_seq_length=600, processor=processor, pad_multiple=8)
+    rows = without = worst = 0.0
+    for batch in loader_batches(audio_dataset, te, buffer=8, batch_size=2):
+        for row in range(len(batch["input_ids"])):
+            kw = {k: v for k, v in to_hf(batch, model=model, row=row).items() if k != "use_cache"}
+            held = batch["pixel_values"][row] if "pixel_values" in batch else None
+            if held is not None and not len(held):
+                assert "pixel_values" not in kw
+                without += 1
+            logits = hf.run(model, kw)
+            bounds = batch["cu_seqlens"][row].tolist()
+            padded = batch["cu_seqlens_padded"][row].tolist()
+            for k, key in enumerate(batch["source_ids"][row]):
+                alone = hf.run(model, dict(_audio_reference(processor, key)))
+                start, n = padded[k], bounds[k + 1] - bounds[k]
+                worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
+            rows += 1
+    assert rows >= 3 and without >= 1, (rows, without)
+    assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
