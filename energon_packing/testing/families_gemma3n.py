@@ -17,7 +17,7 @@ from typing import Any
 from energon_packing.testing.families import _built, make_tokenizer
 from energon_packing.testing.templates import GEMMA3N_TEMPLATE
 
-__all__ = ["GEMMA3N_NAMED", "timm_missing"]
+__all__ = ["GEMMA3N_NAMED", "IMAGE_TOKENS", "timm_missing"]
 
 #: Gemma 3n's media tokens, by the attribute names its processor reads off the tokenizer, in
 #: the id order the model's embedders need (as google/gemma-3n-*: the begin tokens are text
