@@ -2,7 +2,7 @@
 # Builds (or reuses) the venv of one stack of .ci/stacks.txt and prints its path:
 #   .ci/stack_venv.sh NAME  ->  .venv-stack-NAME
 # A consumer's order: the stack's torch pins first (torch==2.13.0, the CPU wheel; or
-# torch==2.14.1 with torchvision==0.29.1), then the stack pinned, then the package with its
+# torch==2.14.1 with torchvision==0.29.1 and timm==1.0.31), then the stack pinned, then the package with its
 # extras. Before installing the package, pip's dry run (no stack pins, as a user in a NeMo-RL or
 # Bridge container would run it) must plan no change to torch, torchvision, transformers or
 # megatron-energon; the install itself keeps the pins in a constraints file, and the venv's

@@ -38,12 +38,15 @@ def pytest_collection_modifyitems(config, items):
     import without torchvision) skips, naming why. ``processor_media`` tests need a family's
     placeholder expansion; on a release without one (for the test's ``family`` parameter, else
     Qwen2-VL) they skip, naming what it lacks (docs/compatibility.md). ``torchvision`` tests
-    skip, naming it, where torchvision does not import."""
+    skip, naming it, where torchvision does not import (Gemma 3n's: timm, which imports it)."""
     from helpers import family_unavailable_reason, processor_media_skip_reason, torchvision_missing
 
     for item in items:
-        if item.get_closest_marker("torchvision") and torchvision_missing():
-            item.add_marker(pytest.mark.skip(reason=torchvision_missing()))
+        missing = item.get_closest_marker("torchvision") and torchvision_missing(
+            item.module.__name__
+        )
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=missing))
             continue
         params = getattr(item, "callspec", None)
         family = params.params.get("family") if params else None

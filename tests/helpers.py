@@ -204,16 +204,16 @@ def processor_media_skip_reason(family: str = "qwen2_vl") -> str | None:
     return None
 
 
-def torchvision_missing() -> str | None:
-    """Why the tests marked ``torchvision`` cannot run here (None: torchvision imports)."""
-    try:
-        import torchvision  # noqa: F401
-    except ImportError as e:
-        return (
-            f"needs torchvision (PixtralProcessor; the real Qwen video processors), which does "
-            f"not import here ({e}); the torchvision CI stack runs these (.ci/stacks.txt)"
-        )
-    return None
+def torchvision_missing(module: str = "") -> str | None:
+    """Why the tests marked ``torchvision`` of test ``module`` cannot run here (None: they can):
+    Gemma 3n's need timm (which imports torchvision), the others torchvision."""
+    if module.endswith("test_gemma3n"):
+        from energon_packing.testing.families_gemma3n import timm_missing
+
+        return timm_missing()
+    from energon_packing.testing.families_pixtral import torchvision_missing
+
+    return torchvision_missing()
 
 
 def require_processor_media(family: str = "qwen2_vl") -> None:

@@ -115,8 +115,8 @@ def test_each_stack_pins_its_torch_first_and_the_torchvision_suite_has_torchvisi
     for stack in stacks.stacks():
         assert stack.torch[0].removeprefix("torch==") in stacks.TORCH_BUILDS, stack
     (runs,) = [s for s in stacks.stacks() if s.suite == "torchvision"]
-    assert runs.torch == ("torch==2.14.1", "torchvision==0.29.1")
-    assert "+ torchvision 0.29.1 |" in stacks.table()
+    assert runs.torch == ("torch==2.14.1", "torchvision==0.29.1", "timm==1.0.31")
+    assert "+ torchvision 0.29.1 + timm 1.0.31 |" in stacks.table()
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg")
     assert "\ntorchvision: " in config["tool:pytest"]["markers"]

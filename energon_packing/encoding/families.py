@@ -201,6 +201,12 @@ def _gemma3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {"num_crops": [0] * sum(len(s) for s in sizes)}
 
 
+def _gemma3n_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Gemma 3n: every image resized to one side, ``image_seq_length`` tokens (its
+    ``replace_image_token`` reads nothing)."""
+    return {}
+
+
 def _gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     """Gemma 4's aspect-preserving resize to at most ``max_soft_tokens`` pooled patches: the
     soft tokens of each image."""
@@ -369,33 +375,64 @@ class AudioRule:
             maximum is skipped (``audio_too_long``), never cut. ``"longest"``: the processor
             pads the clips of one call to the longest of them (Qwen3-Omni), and the longest
             clip's frame count and last frames differ from a padded one's: a conversation's
-            clips go through one call of their own, never one call per pack.
+            clips go through one call of their own, never one call per pack. ``"multiple"``:
+            as ``"longest"``, the longest rounded up to ``multiple`` samples, and a call cut at
+            ``max_samples`` (Gemma 3n: 128 samples, 30 s; a longer clip is skipped
+            ``audio_too_long``, where the processor would cut it silently).
         tokens: Audio tokens of a clip of ``frames`` mel frames (the processor's
-            ``_get_feat_extract_output_lengths``), given the processor.
+            ``_get_feat_extract_output_lengths``; Gemma 3n: ``audio_seq_length``, whatever
+            the clip), given the processor.
+        expansion: A clip's placeholder expansion, given the processor and its tokens, as
+            its ``replace_audio_token`` writes it (None: the audio token, that many times).
+        mask: The name the model reads the features' frame mask under (Qwen's
+            ``feature_attention_mask``; Gemma 3n's ``input_features_mask``, boolean).
+        multiple: See ``"multiple"``.
+        max_samples: See ``"multiple"``.
     """
 
     name: str
     padding: str
     tokens: Callable[[int, Any], int]
+    expansion: Callable[[Any, int], str] | None = None
+    mask: str = "feature_attention_mask"
+    multiple: int = 1
+    max_samples: int | None = None
 
-    def frames(self, samples: list[int], hop: int) -> list[int]:
-        """Each clip's mel frames (``feature_attention_mask.sum(-1)``) in a call with the
-        conversation's clips (Whisper's mask is the samples' mask at every ``hop``-th sample,
-        cut to the ``padded length // hop`` frames its STFT keeps)."""
+    def frames(self, samples: list[int], extractor: Any) -> list[int]:
+        """Each clip's mel frames (the mask's sum) in a call with the conversation's clips
+        (the mask is the samples' mask at every ``hop``-th sample, cut to the frames the STFT
+        keeps of the padded length: Whisper's ``padded // hop``, Gemma 3n's
+        ``(padded - frame_length - 1) // hop + 1``)."""
+        hop = extractor.hop_length
         if self.padding == "longest":
             kept = max(samples) // hop
             return [min(_ceil_div(n, hop), kept) for n in samples]
+        if self.padding == "multiple":
+            padded = _ceil_div(max(samples), self.multiple) * self.multiple
+            if self.max_samples is not None:
+                padded = min(padded, self.max_samples)
+            kept = (padded - extractor.frame_length - 1) // hop + 1
+            return [min(_ceil_div(n, hop), kept) for n in samples]
         return [_ceil_div(n, hop) for n in samples]
 
-    def call_kwargs(self, samples: list[int], hop: int, n_fft: int) -> dict:
+    def call_kwargs(self, samples: list[int], extractor: Any) -> dict:
         """What the feature extractor is called with for one conversation's clips."""
         if self.padding == "longest":
             return {"padding": True, "truncation": False}
+        if self.padding == "multiple":  # the extractor's own defaults, as the processor calls it
+            return {}
         # every frame a clip's mask covers sees the same zeros as under the processor's
         # 5-minute pad, and the clip's max (the log-mel floor) counts an all-zero frame as it
         # does; frames past that are the pad's own values
-        width = _ceil_div(max(samples), hop) * hop + 2 * n_fft
+        hop = extractor.hop_length
+        width = _ceil_div(max(samples), hop) * hop + 2 * extractor.n_fft
         return {"padding": "max_length", "max_length": width, "truncation": True}
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The feature extractor's attributes this rule reads."""
+        own = {"max_length": ("n_fft", "n_samples"), "multiple": ("frame_length",)}
+        return ("hop_length", "sampling_rate", *own.get(self.padding, ()))
 
 
 def _qwen2_5_omni_tokens(frames: int, processor: Any) -> int:
@@ -412,6 +449,29 @@ QWEN2_5_OMNI_AUDIO = AudioRule(
     name="qwen2_5_omni", padding="max_length", tokens=_qwen2_5_omni_tokens
 )
 QWEN3_OMNI_AUDIO = AudioRule(name="qwen3_omni", padding="longest", tokens=_qwen3_omni_tokens)
+
+
+def _gemma3n_audio_tokens(frames: int, processor: Any) -> int:
+    return processor.audio_seq_length
+
+
+def _gemma3n_audio_expansion(processor: Any, tokens: int) -> str:
+    return processor.full_audio_sequence
+
+
+#: Gemma 3n: ``audio_seq_length`` (188) tokens a clip, its encoder's output padded to them by
+#: the model, ``\n\n<start_of_audio>`` before and ``<end_of_audio>\n\n`` after (its
+#: ``full_audio_sequence``); the extractor's defaults (a call padded to its longest clip in
+#: steps of 128 samples, cut at 30 s)
+GEMMA3N_AUDIO = AudioRule(
+    name="gemma3n",
+    padding="multiple",
+    tokens=_gemma3n_audio_tokens,
+    expansion=_gemma3n_audio_expansion,
+    mask="input_features_mask",
+    multiple=128,
+    max_samples=480_000,
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -539,6 +599,17 @@ FAMILIES: tuple[Family, ...] = (
         replacement_inputs=_gemma3_inputs,
         image_blocks=True,
         token_types="token_type_ids",  # Gemma3Processor renames mm_token_type_ids
+    ),
+    # Gemma 3n: a fixed image sequence (``\n\n<start_of_image>``, image_seq_length soft tokens,
+    # ``<end_of_image>\n\n``); unlike Gemma 3 its text model is causal over an image too;
+    # proven on the newest release only (no expansion rule of older ones)
+    Family(
+        name="gemma3n",
+        classes=("Gemma3nProcessor",),
+        model_types=("gemma3n",),
+        replacement_inputs=_gemma3n_inputs,
+        token_types="token_type_ids",  # Gemma3nProcessor renames mm_token_type_ids
+        audio=GEMMA3N_AUDIO,
     ),
     Family(
         name="idefics3",
@@ -693,7 +764,6 @@ REFUSED: dict[str, str] = {
         "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
     ),
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
-    "gemma3n": "its audio and vision towers need timm; not laid out",
 }
 
 

@@ -37,12 +37,12 @@ class AudioSide:
         self.processor = processor
         self.rule = rule
         self.extractor = processor.feature_extractor
-        for name in ("hop_length", "n_fft", "n_samples", "sampling_rate"):
+        for name in rule.needs:
             if not hasattr(self.extractor, name):
                 raise ValueError(
                     f"{type(processor).__name__}'s feature extractor "
                     f"{type(self.extractor).__name__} has no {name!r}: energon_packing costs "
-                    f"audio through a Whisper-style feature extractor only"
+                    f"audio through the feature extractor of the family's rule ({rule.name}) only"
                 )
         if self.extractor.sampling_rate != audio.RATE:
             raise ValueError(
@@ -77,16 +77,20 @@ class AudioSide:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def _check_family_maximum(self, samples: Sequence[int]) -> None:
-        if self.rule.padding != "max_length":
+        if self.rule.padding == "max_length":
+            most, knob = self.extractor.n_samples, "chunk_length"
+        elif self.rule.max_samples is not None:
+            most, knob = self.rule.max_samples, None
+        else:
             return
-        most = self.extractor.n_samples
         for n in samples:
             if n > most:
                 raise Skip(
                     "audio_too_long",
                     f"a clip of {n / audio.RATE:,.2f} s, longer than the {most / audio.RATE:g} s "
-                    f"its feature extractor takes (chunk_length); the processor would cut it "
-                    f"silently: cut such clips, or raise audio_config['chunk_length']",
+                    f"its feature extractor takes ({knob or 'its max_length'}); the processor "
+                    f"would cut it silently: cut such clips"
+                    + (f", or raise audio_config['{knob}']" if knob else ""),
                 )
 
     def frames(self, samples: Sequence[int]) -> list[int]:
@@ -94,7 +98,7 @@ class AudioSide:
         processor's call with that conversation's clips makes them (what the audio encoder
         reads: the step-cost model prices them)."""
         self._check_family_maximum(samples)
-        return self.rule.frames(list(samples), self.extractor.hop_length)
+        return self.rule.frames(list(samples), self.extractor)
 
     def tokens(self, samples: Sequence[int]) -> list[int]:
         """Audio tokens of each of one conversation's clips (``samples`` at 16 kHz)."""
@@ -102,14 +106,17 @@ class AudioSide:
 
     def expansions(self, samples: Sequence[int]) -> list[str]:
         """Each clip's placeholder expansion, as ``replace_audio_token`` writes it."""
+        if self.rule.expansion is not None:
+            return [self.rule.expansion(self.processor, n) for n in self.tokens(samples)]
         return [self.token * n for n in self.tokens(samples)]
 
     def features(
         self, *, key: str, clips: Sequence[bytes], input_ids: Any, max_seconds: float | None
     ) -> dict[str, np.ndarray]:
-        """``input_features`` and ``feature_attention_mask`` of one conversation's clips
-        (decoded now), from one feature-extractor call of their own; the ids must hold as many
-        audio tokens as the features give.
+        """``input_features`` and their frame mask (the rule's ``mask``:
+        ``feature_attention_mask``, Gemma 3n's ``input_features_mask``) of one conversation's
+        clips (decoded now), from one feature-extractor call of their own; the ids must hold as
+        many audio tokens as the features give.
 
         Raises:
             Skip: a clip does not decode.
@@ -126,17 +133,20 @@ class AudioSide:
             sampling_rate=audio.RATE,
             return_attention_mask=True,
             return_tensors="np",
-            **self.rule.call_kwargs(samples, extractor.hop_length, extractor.n_fft),
+            **self.rule.call_kwargs(samples, extractor),
         )
-        mask = np.asarray(out["attention_mask"], dtype=np.int32)
+        if self.rule.mask == "input_features_mask":  # Gemma 3n's own name, boolean
+            mask = np.asarray(out["input_features_mask"], dtype=bool)
+        else:
+            mask = np.asarray(out["attention_mask"], dtype=np.int32)
         features = np.asarray(out["input_features"], dtype=np.float32)
-        frames = mask.sum(-1).tolist()
+        frames = mask.sum(-1).astype(int).tolist()
         need = sum(self.rule.tokens(f, self.processor) for f in frames)
         held = int(np.count_nonzero(np.asarray(input_ids) == self.token_id))
-        if held != need or frames != self.rule.frames(samples, extractor.hop_length):
+        if held != need or frames != self.rule.frames(samples, extractor):
             raise ProcessorMismatchError(
                 f"{self.rule.name}: sample {key!r}: the encoded ids hold {held} audio tokens, "
                 f"its {len(waves)} clip(s) of {samples} samples give {frames} mel frames and "
                 f"{need} tokens"
             )
-        return {"input_features": features, "feature_attention_mask": mask}
+        return {"input_features": features, self.rule.mask: mask}

@@ -204,8 +204,9 @@ def to_hf(
             f"collides with the tower's own, for a pack with images or videos (source_ids="
             f"{pack.source_ids}); use sdpa or eager, or transformers >= 5.18"
         )
-    if any(len(value) for value in per_pack.values()):  # a pack without images has none
-        inputs.update(per_pack)
+    # a pack without images (or clips) has none: another pack of the batch may, and its empty
+    # rows here would reach the tower (Gemma 3n's timm tower fails on an empty batch)
+    inputs.update({key: value for key, value in per_pack.items() if len(value)})
     for key in tokens:
         inputs[key] = batch[key][row][None]
     if gemma3:  # its image overlay, remapped per conversation, would read the wrong tokens

@@ -521,6 +521,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
     one, :data:`MODELS`, or a refused model of :data:`STATEFUL`); offline, CPU. ``model=False``: the processor alone (the model is
     None), much faster."""
     from energon_packing.testing import (  # they import this
+        families_gemma3n,
         families_later,
         families_omni,
         families_pixtral,
@@ -543,6 +544,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "gemma4": families_later._gemma4,
         "qwen2_5_omni": families_omni._qwen2_5_omni,
         "qwen3_omni": families_omni._qwen3_omni,
+        "gemma3n": families_gemma3n._gemma3n,
         "ovis2": families_later._ovis2,
         "ernie4_5_vl_moe": families_later._ernie_vl,
     }

@@ -74,13 +74,15 @@ _SPECIALS = [
 
 
 def torchvision_missing() -> str | None:
-    """Why no ``PixtralProcessor`` can be built here (None: it can)."""
+    """Why no ``PixtralProcessor`` (nor a real Qwen video processor) can be built here (None:
+    it can)."""
     try:
         import torchvision  # noqa: F401
     except ImportError as e:
         return (
-            f"PixtralProcessor (Mistral 3, Pixtral) needs torchvision, which does not import "
-            f"here ({e}); the torchvision CI stack runs these (.ci/stacks.txt)"
+            f"needs torchvision (PixtralProcessor: Mistral 3, Pixtral; the real Qwen video "
+            f"processors), which does not import here ({e}); the torchvision CI stack runs these "
+            f"(.ci/stacks.txt)"
         )
     return None
 

@@ -21,10 +21,13 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
   ``<|vision_bos|>`` / ``<|audio_bos|>`` markers).
 - QWEN3_OMNI_TEMPLATE: Qwen3-VL's, with Qwen3-Omni's audio part
   (``<|audio_start|><|audio_pad|><|audio_end|>``); written here, not copied from a checkpoint.
+- GEMMA3N_TEMPLATE: google/gemma-3n-*-it: Gemma 3's, each image as ``<image_soft_token>`` and
+  each audio clip as ``<audio_soft_token>`` (the processor expands both).
 """
 
 __all__ = [
     "ERNIE_VL_TEMPLATE",
+    "GEMMA3N_TEMPLATE",
     "GEMMA3_TEMPLATE",
     "GEMMA4_TEMPLATE",
     "GLM4V_TEMPLATE",
@@ -333,3 +336,13 @@ QWEN3_OMNI_TEMPLATE = QWEN3_VL_TEMPLATE.replace(
 assert QWEN3_OMNI_TEMPLATE.count("<|audio_pad|>") == 2 and "audio_count = namespace" in (
     QWEN3_OMNI_TEMPLATE
 )
+
+GEMMA3N_TEMPLATE = GEMMA3_TEMPLATE.replace(
+    """            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}""",
+    """            {%- if item['type'] == 'audio' -%}
+                {{ '<audio_soft_token>' }}
+            {%- elif item['type'] == 'image' -%}
+                {{ '<image_soft_token>' }}""",
+)
+assert "<audio_soft_token>" in GEMMA3N_TEMPLATE
