@@ -2,7 +2,7 @@
 
 What the processor's own ``_process_audio`` does, without tokenizing anything: each audio
 placeholder's expansion (``replace_audio_token``'s count, from the clip's sample count alone at
-encode time: :class:`~energon_packing.encoding.families.AudioRule`) and, at pack time, the
+encode time: :class:`~energon_packing.media.audio_rules.AudioRule`) and, at pack time, the
 feature extractor's ``input_features`` and ``feature_attention_mask`` for one conversation's
 clips (decoded then: :func:`energon_packing.encoding.audio.decode`), checked against the ids.
 No torch here (the feature extractor may use it, as it does in the processor).
@@ -20,7 +20,7 @@ import numpy as np
 
 from energon_packing.encoding import audio
 from energon_packing.encoding.chat import Skip
-from energon_packing.encoding.families import AudioRule
+from energon_packing.media.audio_rules import AudioRule
 
 __all__ = ["AudioSide"]
 
@@ -30,7 +30,7 @@ class AudioSide:
 
     Args:
         processor: An Omni processor (``feature_extractor``, ``audio_token``).
-        rule: The family's :class:`~energon_packing.encoding.families.AudioRule`.
+        rule: The family's :class:`~energon_packing.media.audio_rules.AudioRule`.
     """
 
     def __init__(self, processor: Any, rule: AudioRule):

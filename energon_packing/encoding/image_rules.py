@@ -1,0 +1,362 @@
+"""Each family's image rule: the fields a processor's ``replace_image_token`` reads, derived
+from image ``(height, width)`` alone as its image processor would derive them (Qwen's
+``smart_resize``, Idefics3's tiling, LLaVA-OneVision's anyres grid, Gemma 3's fixed sequence),
+and the expansion an older release's ``__call__`` writes. The registry
+(:mod:`energon_packing.encoding.families`) names them per family. No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from energon_packing.encoding import hf_compat
+from energon_packing.encoding.vision import MAX_ASPECT_RATIO
+from energon_packing.errors import Skip
+
+__all__ = [
+    "aya_vision_expansion",
+    "gemma3_expansion",
+    "gemma3_inputs",
+    "gemma3n_inputs",
+    "gemma4_inputs",
+    "glm4v_inputs",
+    "idefics3_expansion",
+    "idefics3_inputs",
+    "internvl_expansion",
+    "llava_expansion",
+    "llava_inputs",
+    "llava_next_expansion",
+    "llava_next_inputs",
+    "llava_onevision_expansion",
+    "llava_onevision_inputs",
+    "ovis2_inputs",
+    "pixtral_inputs",
+    "pixtral_kwargs",
+    "qwen_expansion",
+    "qwen_inputs",
+    "qwen_rows",
+    "smolvlm_expansion",
+    "tile_count_inputs",
+]
+
+
+class _Shape:
+    """Stands in for a processed tile where a processor only reads its ``shape``."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+
+
+def qwen_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Qwen's ``smart_resize`` of each image: ``image_grid_thw`` rows ``(1, h, w)``."""
+    return _grids(processor, sizes, lambda resize, h, w, **bounds: resize(h, w, **bounds))
+
+
+def glm4v_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """GLM-4.1V's ``smart_resize``: Qwen's bounds, counted over the ``temporal_patch_size``
+    frames an image is repeated to."""
+    frames = processor.image_processor.temporal_patch_size
+    return _grids(
+        processor,
+        sizes,
+        lambda resize, h, w, **bounds: resize(
+            num_frames=frames, height=h, width=w, temporal_factor=frames, **bounds
+        ),
+    )
+
+
+def _grids(processor: Any, sizes: list[list[tuple[int, int]]], call: Callable) -> dict:
+    image_processor = processor.image_processor
+    smart_resize = hf_compat.smart_resize_of(image_processor)
+    patch, merge = image_processor.patch_size, image_processor.merge_size
+    grids = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        try:
+            rh, rw = call(
+                smart_resize,
+                h,
+                w,
+                factor=patch * merge,
+                min_pixels=image_processor.size["shortest_edge"],
+                max_pixels=image_processor.size["longest_edge"],
+            )
+        except ValueError:
+            ratio = max(h, w) / min(h, w)
+            if ratio <= MAX_ASPECT_RATIO:
+                raise  # not the aspect rule: the caller reports it as unsupported_image
+            raise Skip(
+                "image_aspect_ratio",
+                f"image of {w}x{h} px (upright) has an aspect ratio of {ratio:,.1f}, above "
+                f"{MAX_ASPECT_RATIO}, which {type(image_processor).__name__}'s smart_resize "
+                f"refuses; crop or pad such images (e.g. text lines) before packing",
+            ) from None
+        grids.append([1, rh // patch, rw // patch])
+    return {"image_grid_thw": np.asarray(grids, dtype=np.int64).reshape(-1, 3)}
+
+
+def qwen_rows(processed: Any) -> dict[str, list[int]]:
+    grids = np.asarray(processed["image_grid_thw"]).reshape(-1, 3)
+    return {"pixel_values": grids.prod(axis=1).tolist(), "image_grid_thw": [1] * len(grids)}
+
+
+def qwen_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Qwen2/2.5/3-VL's image expansion as their processor's ``__call__`` writes it where the
+    processor has no ``replace_image_token`` (before transformers 5.10): the image token,
+    ``grid.prod() // merge_size**2`` times."""
+    grid = np.asarray(inputs["image_grid_thw"]).reshape(-1, 3)[index]
+    merge = processor.image_processor.merge_size
+    return processor.image_token * int(grid.prod() // (merge * merge))
+
+
+def gemma3_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Gemma 3 before 5.15: its ``__call__`` replaces the begin-of-image token the template
+    writes (``boi_token``, not ``image_token``) by ``full_image_sequence``."""
+    crops = int(inputs["num_crops"][index])
+    if not crops:
+        return processor.full_image_sequence
+    return (
+        f"Here is the original image {processor.full_image_sequence} and here are some crops to "
+        f"help you see better " + " ".join([processor.full_image_sequence] * crops)
+    )
+
+
+def idefics3_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Idefics3 before 5.10 (its module's ``get_image_prompt_string``, as its ``__call__``)."""
+    rows = [r for per_text in inputs["rows"] for r in per_text]
+    cols = [c for per_text in inputs["cols"] for c in per_text]
+    prompt = hf_compat.module_function(processor, "get_image_prompt_string")
+    return prompt(
+        rows[index],
+        cols[index],
+        processor.image_seq_len,
+        image_token=processor.image_token,
+        fake_token_around_image=processor.fake_image_token,
+        global_img_token=processor.global_image_tag,
+    )
+
+
+def smolvlm_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """SmolVLM before 5.15: its own public ``expand_text_with_image_tokens`` on one
+    placeholder."""
+    rows = [r for per_text in inputs["rows"] for r in per_text]
+    cols = [c for per_text in inputs["cols"] for c in per_text]
+    (expanded,) = processor.expand_text_with_image_tokens(
+        [processor.image_token], image_rows=[[rows[index]]], image_cols=[[cols[index]]]
+    )
+    return expanded
+
+
+def _features(processor: Any, inputs: dict, index: int, tokens: int | None = None) -> str:
+    """LLaVA-NeXT's and LLaVA-OneVision's anyres count before 5.15 (their ``__call__``)."""
+    if tokens is None:
+        orig_height, orig_width = (int(v) for v in inputs["image_sizes"][index])
+        height, width = inputs["pixel_values"][0][0].shape[-2:]
+        tokens = hf_compat.number_of_features(processor, orig_height, orig_width, height, width)
+    if processor.vision_feature_select_strategy == "default":
+        tokens -= 1
+    return processor.image_token * tokens
+
+
+def llava_next_expansion(processor: Any, inputs: dict, index: int) -> str:
+    return _features(processor, inputs, index)
+
+
+def llava_onevision_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Several images in one text: each ``num_image_tokens + 1`` (its newline), else anyres."""
+    counts, first = list(inputs["batch_num_images"]), 0
+    for count in counts:
+        if index < first + count:
+            break
+        first += count
+    multi = count != 1
+    return _features(processor, inputs, index, processor.num_image_tokens + 1 if multi else None)
+
+
+def llava_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """LLaVA before 5.10: every image's patches from the processed side."""
+    height, width = inputs["pixel_values"][index].shape[-2:]
+    tokens = (height // processor.patch_size) * (width // processor.patch_size)
+    tokens += processor.num_additional_image_tokens
+    if processor.vision_feature_select_strategy == "default":
+        tokens -= 1
+    return processor.image_token * tokens
+
+
+def internvl_expansion(processor: Any, inputs: dict, index: int) -> str:
+    tokens = processor.image_token * processor.image_seq_length * inputs["num_patches"][index]
+    return f"{processor.start_image_token}{tokens}{processor.end_image_token}"
+
+
+def aya_vision_expansion(processor: Any, inputs: dict, index: int) -> str:
+    patches = int(inputs["num_patches"][index])
+    tile = processor.img_patch_token * (processor.img_size // processor.patch_size) ** 2
+    tiles = "".join(f"{processor.tile_token}_{i}{tile}" for i in range(1, patches))
+    return (
+        f"{processor.start_of_img_token}{tiles}{processor.tile_global_token}{tile}"
+        f"{processor.end_of_img_token}"
+    )
+
+
+def gemma3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    if getattr(processor.image_processor, "do_pan_and_scan", False):
+        raise ValueError("Gemma 3 with do_pan_and_scan=True is not supported (crops need pixels)")
+    return {"num_crops": [0] * sum(len(s) for s in sizes)}
+
+
+def gemma3n_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Gemma 3n: every image resized to one side, ``image_seq_length`` tokens (its
+    ``replace_image_token`` reads nothing)."""
+    return {}
+
+
+def gemma4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Gemma 4's aspect-preserving resize to at most ``max_soft_tokens`` pooled patches: the
+    soft tokens of each image."""
+    image_processor = processor.image_processor
+    rule = hf_compat.smart_resize_of(image_processor, "get_aspect_ratio_preserving_size")
+    patch, kernel = image_processor.patch_size, image_processor.pooling_kernel_size
+    counts = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        rh, rw = rule(
+            height=h,
+            width=w,
+            patch_size=patch,
+            max_patches=image_processor.max_soft_tokens * kernel**2,
+            pooling_kernel_size=kernel,
+        )
+        counts.append((rh // patch) * (rw // patch) // kernel**2)
+    return {"num_soft_tokens_per_image": counts}
+
+
+def ovis2_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Ovis2's tiling: each image's ``(rows, cols)`` grid, by the rule its image processor's
+    ``crop_image_to_patches`` takes (the covering-area grid, or the closest aspect ratio), with
+    the processor's own image defaults; ``(1, 1)`` without tiling."""
+    image_processor = processor.image_processor
+    defaults = hf_compat.merged_images_kwargs(processor)
+
+    def setting(name: str) -> Any:
+        found = defaults.get(name)
+        return getattr(image_processor, name) if found is None else found
+
+    size = setting("size")
+    tile = (size["height"], size["width"])
+    grids = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        if not (setting("crop_to_patches") and setting("max_patches") > 1):
+            grids.append([1, 1])
+            continue
+        if setting("use_covering_area_grid"):
+            rule = hf_compat.smart_resize_of(image_processor, "get_min_tile_covering_grid")
+            cols, rows = rule(
+                (h, w), target_patch_size=tile[0], max_image_tiles=setting("max_patches")
+            )
+        else:
+            rule = hf_compat.smart_resize_of(image_processor, "get_optimal_tiled_canvas")
+            cols, rows = rule((h, w), tile, setting("min_patches"), setting("max_patches"))
+        grids.append([rows, cols])
+    return {"grids": np.asarray(grids, dtype=np.int64).reshape(-1, 2)}
+
+
+def idefics3_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    image_processor = processor.image_processor
+    rows, cols = [], []
+    for per_text in sizes:
+        counts = [image_processor.get_number_of_image_patches(h, w, {}) for h, w in per_text]
+        rows.append([r for _, r, _ in counts])
+        cols.append([c for _, _, c in counts])
+    return {"rows": rows, "cols": cols}
+
+
+def llava_onevision_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    size = processor.image_processor.size
+    side = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+    return {
+        "batch_num_images": [len(s) for s in sizes if s],
+        "image_sizes": [list(s) for per_text in sizes for s in per_text],
+        "pixel_values": [[_Shape((3, *side))]],
+    }
+
+
+def llava_next_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """LLaVA-NeXT's anyres: each image's size, and the tile side its patches are cropped to."""
+    image_processor = processor.image_processor
+    crop, size = image_processor.crop_size, image_processor.size
+    if crop and crop.get("height"):
+        side = (crop["height"], crop["width"])
+    else:
+        side = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+    return {
+        "image_sizes": [list(s) for per_text in sizes for s in per_text],
+        "pixel_values": [[_Shape((3, *side))]],
+    }
+
+
+def llava_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """LLaVA (1.5): every image resized and center-cropped to one side; its replacement reads
+    only the processed image's shape (a zero-copy view stands in for it)."""
+    image_processor = processor.image_processor
+    crop, size = image_processor.crop_size, image_processor.size
+    if getattr(image_processor, "do_center_crop", False) and crop:
+        side = (crop["height"], crop["width"])
+    elif "height" in size:
+        side = (size["height"], size["width"])
+    else:
+        raise ValueError(
+            f"{type(image_processor).__name__} without a center crop resizes by the shortest "
+            f"edge: its output size is not costed here (set do_center_crop=True, as published)"
+        )
+    shape = np.broadcast_to(np.zeros((), dtype=np.float32), (3, *side))
+    return {"pixel_values": [shape] * sum(len(s) for s in sizes)}
+
+
+def tile_count_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """InternVL's and Aya Vision's tiling (GOT-OCR2's image processor): tiles per image, with
+    the processor's own image defaults (both crop to tiles)."""
+    defaults = hf_compat.merged_images_kwargs(processor)
+    count = processor.image_processor.get_number_of_image_patches
+    return {"num_patches": [count(h, w, defaults) for per_text in sizes for h, w in per_text]}
+
+
+def _pixtral_patch(processor: Any) -> int:
+    """Pixtral's resize step: its processor's ``_process_images`` passes the image processor
+    ``patch_size * spatial_merge_size`` (Mistral 3: 14 * 2 = 28 px)."""
+    return processor.patch_size * processor.spatial_merge_size
+
+
+def pixtral_kwargs(processor: Any) -> dict:
+    step = _pixtral_patch(processor)
+    return {"patch_size": {"height": step, "width": step}}
+
+
+def pixtral_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Pixtral's resize: within the longest edge, aspect kept (floored), then up to whole
+    patches of the processor's step; ``image_sizes`` are the resized ``(height, width)`` (its
+    ``replace_image_token`` reads them: a row of ``[IMG]`` per step of height, each ended by
+    ``[IMG_BREAK]``, the last by ``[IMG_END]``). The image processor's own rule, on a zero-copy
+    stand-in of each image's shape."""
+    image_processor = processor.image_processor
+    rule = hf_compat.smart_resize_of(image_processor, "get_resize_output_image_size")
+    size = hf_compat.merged_images_kwargs(processor).get("size") or image_processor.size
+    bound = (
+        (size["longest_edge"],) * 2 if size.get("longest_edge") else (size["height"], size["width"])
+    )
+    step = _pixtral_patch(processor)
+    blank = np.zeros((), dtype=np.uint8)
+    out = []
+    for h, w in (s for per_text in sizes for s in per_text):
+        shape = np.broadcast_to(blank, (h, w, 3))
+        rh, rw = rule(shape, size=bound, patch_size=(step, step), input_data_format="channels_last")
+        if not (rh and rw):  # the processor raises on a side resized to 0 px
+            raise Skip(
+                "image_aspect_ratio",
+                f"image of {w}x{h} px (upright) has an aspect ratio of "
+                f"{max(h, w) / min(h, w):,.1f}: {type(image_processor).__name__} fits it into "
+                f"{bound[1]}x{bound[0]} px as {rw}x{rh}, a side of 0 px, which it refuses; crop "
+                f"or pad such images (e.g. text lines) before packing",
+            )
+        out.append([rh, rw])
+    return {"image_sizes": out}
