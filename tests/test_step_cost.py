@@ -270,13 +270,30 @@ def _audio_encoder(model):
     return next(m for m in model.modules() if type(m).__name__.endswith("AudioEncoder"))
 
 
+def _audio_helpers():
+    """transformers' Omni modeling modules, where they expose the audio encoders' chunking and
+    windows as functions of their own (5.12 and later; before, the encoders compute them inside
+    their forward, with a dense attention mask the FLOP counter would count): else skip."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as q25
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
+
+    names = ("get_audio_cu_seqlens", "chunk_and_pad_features")
+    if not all(hasattr(m, n) for m in (q25, q3) for n in names):
+        pytest.skip(
+            f"transformers {transformers.__version__}: the Omni audio encoders' windows are "
+            f"computed inside their forward (module-level cu_seqlens since 5.12)"
+        )
+    return q25, q3
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
 def test_an_audio_encoder_costs_what_torch_counts_in_its_forward(family):
     """The Omni thinkers' audio encoders, run on clips of a part of a chunk to many chunks:
     their convolutions and matrix products as torch's ``FlopCounterMode`` counts them in the
     encoder's own forward equal :meth:`AudioTower.clip_flops` less its attention (which the
     counter does not see in the encoder's attention path), ``4 d sum(S**2)`` per layer."""
-    pytest.importorskip("transformers")
+    _audio_helpers()
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -294,6 +311,7 @@ def test_an_audio_encoder_costs_what_torch_counts_in_its_forward(family):
             encoder(
                 input_features=torch.randn(tower.mel_bins, frames),
                 feature_lens=torch.tensor([frames]),
+                aftercnn_lens=torch.tensor([(frames - 1) // 2 + 1]),  # Qwen2.5-Omni's
             )
         attention = tower.depth * 4 * tower.hidden_size * sum(s * s for s in tower.windows(frames))
         assert counter.get_total_flops() == tower.clip_flops(frames) - attention, frames
@@ -302,10 +320,8 @@ def test_an_audio_encoder_costs_what_torch_counts_in_its_forward(family):
 def test_audio_windows_are_the_ones_transformers_attends_within():
     """The attention windows of a clip: transformers' own ``cu_seqlens`` (Qwen2.5-Omni: one a
     chunk; Qwen3-Omni: ``n_window_infer / 2 n_window`` chunks, at the published 800 / 50)."""
-    pytest.importorskip("transformers")
+    q25, q3 = _audio_helpers()
     import torch
-    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as q25
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
 
     from energon_packing.packing.audio_tower import AudioTower
 
@@ -328,7 +344,9 @@ def test_a_packs_audio_cost_is_its_clips_frames_priced():
     frames known at encode time (from their samples), and the emitted pack by its own
     ``feature_attention_mask``: the same frames, ``3 x clip_flops`` each; the stats sum it."""
     pytest.importorskip("transformers")
-    from helpers import conversation_sample
+    from helpers import conversation_sample, require_processor_media
+
+    require_processor_media("qwen2_5_omni")
 
     from energon_packing import PackingTaskEncoder
     from energon_packing.testing.audio import clip
