@@ -19,10 +19,12 @@ import io
 import logging
 import os
 import re
+from collections.abc import Iterator
 from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from energon_packing.encoding.audio import AUDIO_SUFFIXES
 from energon_packing.encoding.images import VIDEO_SUFFIXES
@@ -110,23 +112,14 @@ class MediaLoader:
         return data, suffix
 
     def _file(self, path: str, kind: str, record_id: Any) -> tuple[bytes | FilePart, str]:
-        file = Path(path) if Path(path).is_absolute() else self.root / path
-        try:
-            with open(file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(_HEAD)
-                suffix = sniff_suffix(head, whole=False)
-                if suffix is not None and (not self.decode or self.pool is not None):
-                    if self.decode:  # read again, and decoded, in the pool
-                        self._check(file, f"{kind} file {path!r}", record_id)
-                    return FilePart(file, size), suffix
-                data = head + f.read()  # decoded, or another format: Pillow decides
-        except FileNotFoundError:
-            raise Skip(
-                "missing_image", f"{kind} file {path!r} not found under {self.root}"
-            ) from None
-        except OSError as e:
-            raise Skip("unreadable_image", f"{kind} file {path!r}: {e}") from None
+        with self._open(path, kind, f"{kind} file {path!r}{of(record_id)}") as (f, file, size):
+            head = f.read(_HEAD)
+            suffix = sniff_suffix(head, whole=False)
+            if suffix is not None and (not self.decode or self.pool is not None):
+                if self.decode:  # read again, and decoded, in the pool
+                    self._check(file, f"{kind} file {path!r}", record_id)
+                return FilePart(file, size), suffix
+            data = head + f.read()  # decoded, or another format: Pillow decides
         if suffix is None:
             suffix = sniff_suffix(data)
         if suffix is None:
@@ -134,6 +127,29 @@ class MediaLoader:
         if self.decode:
             self._check(data, f"{kind} file {path!r}", record_id)
         return data, suffix
+
+    @contextmanager
+    def _open(self, path: str, kind: str, what: str) -> Iterator[tuple[BinaryIO, Path, int]]:
+        """A record's media file (``path``, relative to ``root`` unless absolute) open for
+        reading, with where it is and its size; a file that is not there is the kind's
+        ``missing_*``, one that does not open or read its unreadable reason (a folder given as
+        a video: how to encode its frames into one)."""
+        missing, unreadable = _REASONS.get(kind, _REASONS["image"])
+        file = Path(path) if Path(path).is_absolute() else self.root / path
+        try:
+            with open(file, "rb") as f:
+                yield f, file, os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            raise Skip(
+                missing,
+                f"{what} not found at {file}: put it there, or pass --media-root the folder "
+                "the record's paths are relative to",
+            ) from None
+        except IsADirectoryError as e:
+            detail = _frames_folder(what, file) if kind == "video" else f"{what}: {e.strerror}"
+            raise Skip(unreadable, detail) from None
+        except OSError as e:
+            raise Skip(unreadable, f"{what}: {e.strerror or e}") from None
 
     def _video(self, source: Any, record_id: Any) -> tuple[bytes | FilePart, str]:
         """A video's bytes (a file's stay in it) and its part suffix."""
@@ -152,17 +168,8 @@ class MediaLoader:
         data, name = _entry(source, "audio", record_id)
         what = f"audio {'file ' + repr(name) if name else 'bytes'}{of(record_id)}"
         if data is None:
-            file = Path(name) if Path(name).is_absolute() else self.root / name
-            try:
-                data = file.read_bytes()
-            except FileNotFoundError:
-                raise Skip(
-                    "missing_audio",
-                    f"{what} not found at {file}: put it there, or pass --media-root the "
-                    "folder the record's paths are relative to",
-                ) from None
-            except OSError as e:
-                raise Skip("audio_unreadable", f"{what}: {e.strerror or e}") from None
+            with self._open(name, "audio", what) as (f, _, _):
+                data = f.read()
         suffix = audio_suffix(data) or suffix_of(name or "")
         if suffix.lstrip(".") not in AUDIO_SUFFIXES:
             raise Skip(
@@ -181,21 +188,8 @@ class MediaLoader:
 
     def _video_file(self, path: str, record_id: Any) -> tuple[FilePart, str]:
         what = f"video file {path!r}{of(record_id)}"
-        file = Path(path) if Path(path).is_absolute() else self.root / path
-        try:
-            with open(file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(_VIDEO_HEAD)
-        except FileNotFoundError:
-            raise Skip(
-                "missing_video",
-                f"{what} not found at {file}: put it there, or pass --media-root the folder "
-                "the record's paths are relative to",
-            ) from None
-        except IsADirectoryError:
-            raise Skip("unreadable_video", _frames_folder(what, file)) from None
-        except OSError as e:
-            raise Skip("unreadable_video", f"{what}: {e.strerror or e}") from None
+        with self._open(path, "video", what) as (f, file, size):
+            head = f.read(_VIDEO_HEAD)
         suffix = _video_suffix(path, head, size, what)
         if self.decode and not self._no_video_check:
             self._probe(file.read_bytes(), what)
