@@ -1,19 +1,42 @@
 """The loader benchmarks' frame: one epoch in a fresh process per setting, its peak memory and
-its rate, reported as one JSON line to the parent (``loader_video.py``, ``loader_audio.py``)."""
+its rate, reported as one JSON line to the parent (``loader_video.py``, ``loader_audio.py``).
+Importing it quiets tqdm and the loader's pin_memory warning, in the parent and each child."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from _proc import children, status_mib  # benchmarks/_proc.py (this script's folder)
 
-__all__ = ["finish", "spawn", "timed_epoch"]
+__all__ = ["arguments", "finish", "spawn", "timed_epoch"]
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+warnings.filterwarnings("ignore", message=".*pin_memory.*")
+
+
+def arguments(
+    parser: argparse.ArgumentParser, child: Callable[[str, int], None]
+) -> argparse.Namespace | None:
+    """``parser``'s arguments with the frame's own: ``--seed``, ``--workers`` (default 0 and
+    2) and the hidden ``--child PATH WORKERS`` that :func:`spawn` passes. In a child: runs
+    ``child(PATH, WORKERS)`` and returns None."""
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.child:
+        return args
+    child(args.child[0], int(args.child[1]))
+    return None
 
 
 def timed_epoch(

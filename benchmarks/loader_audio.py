@@ -19,15 +19,11 @@ process's ``VmHWM`` plus each worker's (the sum of per-process peaks).
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
-import warnings
 from pathlib import Path
 
-from _runs import finish, spawn, timed_epoch  # benchmarks/_runs.py (this script's folder)
-
-os.environ.setdefault("TQDM_DISABLE", "1")
-warnings.filterwarnings("ignore", message=".*pin_memory.*")
+# benchmarks/_runs.py (this script's folder)
+from _runs import arguments, finish, spawn, timed_epoch
 
 CAPACITY, BUFFER = 4096, 64
 SUFFIXES = ("wav", "flac", "mp3", "opus")
@@ -107,12 +103,8 @@ def child(path: str, workers: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--count", type=int, default=200, help="Conversations per dataset.")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child[0], int(args.child[1]))
+    args = arguments(parser, child)
+    if args is None:  # this process was a child
         return
     with tempfile.TemporaryDirectory() as tmp:
         datasets = build(Path(tmp), args.count, seed=args.seed)

@@ -25,16 +25,12 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import tarfile
 import tempfile
-import warnings
 from pathlib import Path
 
-from _runs import finish, spawn, timed_epoch  # benchmarks/_runs.py (this script's folder)
-
-os.environ.setdefault("TQDM_DISABLE", "1")
-warnings.filterwarnings("ignore", message=".*pin_memory.*")
+# benchmarks/_runs.py (this script's folder)
+from _runs import arguments, finish, spawn, timed_epoch
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "sample_data" / "video"
@@ -120,13 +116,9 @@ def main() -> None:
         help="Generate this many conversations (half with a clip) into a temp dir instead of "
         "reading the bundled sample_data/video.",
     )
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--repeats", type=int, default=1, help="Runs per cell; the fastest.")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child[0], int(args.child[1]))
+    args = arguments(parser, child)
+    if args is None:  # this process was a child
         return
 
     with tempfile.TemporaryDirectory() as tmp:
