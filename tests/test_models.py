@@ -106,6 +106,28 @@ def test_layer_lists_under_every_name_transformers_used():
     assert model_info({"model_type": "mamba", "num_hidden_layers": 3}).layer_types == ("mamba",) * 3
 
 
+def test_the_layer_reader_and_the_cost_reader_find_the_decoder_by_one_rule():
+    """``text_config`` is the one reader of where a config nests its decoder: the layer types
+    are read from a stub ``text_config`` (it names the decoder), the step cost's sizes from
+    the first nested config that holds them, else the top level."""
+    from energon_packing.encoding.costs import step_cost_model
+    from energon_packing.encoding.models import text_config
+
+    sizes = {"hidden_size": 64, "num_hidden_layers": 3}
+    stub = {"model_type": "llama", "layer_types": ["full_attention"]}
+    config = {"model_type": "x", **sizes, "text_config": stub, "llm_config": {"hidden_size": 32}}
+    assert text_config(config) is stub
+    assert text_config(config, holding="hidden_size") is config["llm_config"]
+    assert text_config({"text_config": {}, "llm_config": stub}) is stub
+    flat = {"model_type": "x", **sizes, "text_config": stub}
+    assert text_config(flat, holding="hidden_size") is flat
+    assert model_info(flat).layer_types == ("full_attention",)
+    model = step_cost_model(flat)
+    assert (model.hidden_size, model.num_layers) == (64, 3)
+    nested = step_cost_model({"model_type": "x", "text_config": {**stub, **sizes}})
+    assert (nested.hidden_size, nested.num_layers) == (64, 3)
+
+
 @pytest.mark.processor_media
 @pytest.mark.parametrize("family", ["qwen3_vl"])
 def test_qwen3_5_is_refused_at_build_naming_its_layers(family):

@@ -17,14 +17,13 @@ model type.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from energon_packing.encoding.models import find_model_config
+from energon_packing.encoding.models import find_model_config, read_config_json, text_config
 from energon_packing.packing.audio_tower import AudioTower
 from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
 
@@ -52,10 +51,7 @@ def _as_dict(config: Any) -> dict:
     if isinstance(config, (str, Path)):
         file = Path(config)
         file = file / "config.json" if file.is_dir() else file
-        try:
-            raw = json.loads(file.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{file}: not a readable JSON model config ({e})") from e
+        raw = read_config_json(file)
         if not isinstance(raw, dict):
             raise ValueError(f"{file}: a model config is a JSON object, not {type(raw).__name__}")
         return raw
@@ -83,16 +79,6 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _text(config: dict) -> dict:
-    """The decoder's fields: ``text_config`` (or ``llm_config``) where it holds them, else the
-    top level (Qwen2-VL's published ``config.json``)."""
-    for name in ("text_config", "llm_config"):
-        nested = config.get(name)
-        if isinstance(nested, Mapping) and _int(nested.get("hidden_size")):
-            return dict(nested)
-    return config
-
-
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is of a family whose packs carry no grids (logged)."""
@@ -115,7 +101,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     out = _int(vision.get("out_hidden_size"))
     if out is None:
         out = _int(vision.get("hidden_size")) if vision.get("embed_dim") else None
-    out = out or _int(_text(raw).get("hidden_size")) or width
+    out = out or _int(text_config(raw, holding="hidden_size").get("hidden_size")) or width
     mlp = _int(vision.get("intermediate_size"))
     if mlp is None and width:
         mlp = int(width * float(vision.get("mlp_ratio", 4)))
@@ -191,7 +177,7 @@ def step_cost_model(config: Any, *, source: str = "") -> StepCostModel:
     kind = str(raw.get("model_type") or "")
     if not source:
         source = str(config) if isinstance(config, (str, Path)) else f"model_type={kind!r}"
-    text = _text(raw)
+    text = text_config(raw, holding="hidden_size")
     hidden, layers = _int(text.get("hidden_size")), _int(text.get("num_hidden_layers"))
     if not hidden or not layers:
         raise ValueError(

@@ -35,6 +35,7 @@ __all__ = [
     "info_of",
     "model_info",
     "model_info_for_type",
+    "read_config_json",
     "read_model_info",
     "text_config",
 ]
@@ -79,6 +80,8 @@ ALL_RECURRENT = {
 _DEFAULT_HIDES = {"lfm2": "conv", "lfm2_moe": "conv"}
 #: Hybrid pattern letters (Nemotron-H's ``hybrid_override_pattern``).
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+#: Where a multimodal ``config.json`` nests its decoder's config, in the order looked at.
+_TEXT_KEYS = ("text_config", "llm_config")
 #: The attributes a text config names its layers' kinds under (by transformers release).
 _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types")
 #: What the refusal says makes such a model exact.
@@ -151,18 +154,40 @@ def _get(config: Any, name: str) -> Any:
         return None
 
 
-def text_config(config: Any) -> Any:
-    """The decoder's config of a ``transformers`` config (``gettext_config(decoder=True)``) or
-    of its ``config.json`` as a dict (``text_config`` / ``llm_config``); the config itself
-    where it is flat."""
+def text_config(config: Any, *, holding: str | None = None) -> Any:
+    """The decoder's config of a ``transformers`` config (``get_text_config(decoder=True)``) or
+    of its ``config.json`` as a dict (the first of ``text_config`` / ``llm_config`` that is
+    one); the config itself where it is flat.
+
+    Args:
+        config: A ``transformers`` config or the dict of a ``config.json``.
+        holding: A dict's nested config only where it sets this field (``"hidden_size"``:
+            the sizes, where a config may nest a stub such as ``{"model_type": "llama"}`` and
+            keep them at the top level), else the top level.
+    """
     if isinstance(config, Mapping):
-        text = config.get("text_config") or config.get("llm_config")
-        return text if isinstance(text, Mapping) else config
+        for key in _TEXT_KEYS:
+            nested = config.get(key)
+            if isinstance(nested, Mapping) and nested and (holding is None or nested.get(holding)):
+                return nested
+        return config
     getter = getattr(config, "get_text_config", None)
     try:
         return getter(decoder=True) if callable(getter) else config
     except (ValueError, TypeError):  # several text configs (an encoder and a decoder)
         return config
+
+
+def read_config_json(file: Path) -> Any:
+    """A model's ``config.json`` as JSON.
+
+    Raises:
+        ValueError: it does not read or parse (naming the file).
+    """
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{file}: not a readable JSON model config ({e})") from e
 
 
 def model_info(config: Any, *, source: str = "") -> ModelInfo:
@@ -187,10 +212,7 @@ def read_model_info(path: str | Path) -> ModelInfo | None:
     if not file.is_file():
         return None
     source = str(file)
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{file} is not a readable JSON config: {e}") from e
+    raw = read_config_json(file)
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         return None
     try:
