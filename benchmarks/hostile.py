@@ -113,7 +113,7 @@ DECODE_CHILD = textwrap.dedent(
     import io, json, re, sys, time
     import numpy as np
     from PIL import Image
-    from energon_packing.encoding.images import decode
+    from energon_packing.media.images import decode
 
     def rss(field):
         return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
@@ -129,7 +129,7 @@ DECODE_CHILD = textwrap.dedent(
     open("/proc/self/clear_refs", "w").write("5")
     before = rss("VmRSS")
     start = time.perf_counter()
-    decode(data, max_pixels=None, high_bit_depth=mode)
+    decode(data, max_pixels=None, high_bit_depth=mode, alpha_on_white=True)  # grey: no alpha
     seconds = time.perf_counter() - start
     mb = (rss("VmHWM") - before) / 1024
     print(json.dumps({"seconds": seconds, "mb": mb, "per_pixel": mb * 2**20 / (width * height),

@@ -39,8 +39,8 @@ CAPACITY, BUFFER = 2048, 64
 
 def read_conversations(path: Path) -> list:
     """The conversations of a dataset's shards (``<key>.json`` plus its parts), in order."""
-    from energon_packing.encoding.images import may_be_video
     from energon_packing.incoming.shards import shard_paths
+    from energon_packing.media.images import may_be_video
     from energon_packing.testing.synth import Conversation
 
     items: dict[str, Conversation] = {}

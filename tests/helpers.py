@@ -42,6 +42,16 @@ def raw_sample(key: str, document, images: dict[str, bytes] | None = None) -> di
     return {"__key__": key, "json": document, **(images or {})}
 
 
+def decode_image(data: bytes, **options):
+    """:func:`energon_packing.media.images.decode` as the encoding side calls it, with the
+    installed transformers' alpha rule (:func:`energon_packing.encoding.hf_compat.alpha_on_white`):
+    the pixels a processor is handed."""
+    from energon_packing.encoding.hf_compat import alpha_on_white
+    from energon_packing.media.images import decode
+
+    return decode(data, alpha_on_white=alpha_on_white(), **options)
+
+
 def conversation_sample(key: str, document, images: dict[str, bytes] | None = None):
     """The ``ConversationSample`` Energon would hand the task encoder for this shard sample."""
     from energon_packing.loader.samples import ConversationSample, load_conversation

@@ -16,10 +16,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import conversation_sample, loader_batches, make_dataset
+from helpers import conversation_sample, decode_image, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.encoding.images import decode
 from energon_packing.loader.samples import ConversationSample, load_conversation
 from energon_packing.testing.synth import conversations
 from energon_packing.trainer import prepacked_microbatches
@@ -139,7 +138,7 @@ def test_a_family_through_its_processor_and_the_loader(family_dataset, family):
             reference = _processor_call(
                 processor,
                 BY_KEY[key],
-                [decode(d) for d in images_in_order(BY_KEY[key])],
+                [decode_image(d) for d in images_in_order(BY_KEY[key])],
             )
             start, n = int(mb.cu_seqlens_padded[k]), int(mb.cu_seqlens[k + 1] - mb.cu_seqlens[k])
             ids = mb.model_inputs["input_ids"][0, start : start + n]
@@ -199,7 +198,7 @@ def test_predicted_costs_are_the_real_lengths(family):
         images = {n: _png(w, h) for n, (w, h) in zip(names, sizes)}
         sample = conversation_sample(f"case{case}", document, images)
         encoded = te.encode_sample(sample)
-        pil = [decode(images[n]) for n in names]
+        pil = [decode_image(images[n]) for n in names]
         text = processor.apply_chat_template(hf_messages(document), tokenize=False)
         bos = processor.tokenizer.bos_token
         real = processor(
@@ -506,7 +505,7 @@ def test_an_image_in_an_assistant_turn_is_never_trained(family):
     bos = processor.tokenizer.bos_token
     real = processor(
         text=[text],
-        images=[[decode(images["a.png"]), decode(images["b.png"])]],
+        images=[[decode_image(images["a.png"]), decode_image(images["b.png"])]],
         add_special_tokens=not (bos and text.startswith(bos)),
         return_tensors="np",
     )["input_ids"][0]

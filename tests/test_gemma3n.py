@@ -16,10 +16,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import conversation_sample, loader_batches, make_dataset, require_processor_media
+from helpers import (
+    conversation_sample,
+    decode_image,
+    loader_batches,
+    make_dataset,
+    require_processor_media,
+)
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.encoding.images import decode
 from energon_packing.testing.synth import conversations
 from energon_packing.trainer import prepacked_microbatches
 
@@ -63,7 +68,7 @@ def _packs(dataset, processor):
         (mb,) = prepacked_microbatches(batch, pad_multiple=8)
         members = []
         for k, key in enumerate(mb.source_ids):
-            pictures = [decode(d) for d in images_in_order(BY_KEY[key])]
+            pictures = [decode_image(d) for d in images_in_order(BY_KEY[key])]
             reference = _processor_call(processor, BY_KEY[key], pictures)
             start, n = int(mb.cu_seqlens_padded[k]), int(mb.cu_seqlens[k + 1] - mb.cu_seqlens[k])
             members.append((start, n, reference))
@@ -113,12 +118,12 @@ def _audio_reference(processor, key: str) -> dict:
     from test_audio import BY_KEY as AUDIO_BY_KEY
     from test_audio import _hf_messages, _in_order
 
-    from energon_packing.encoding import audio
+    from energon_packing.media import audio
 
     document, parts = AUDIO_BY_KEY[key]
     text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
     clips = [audio.decode(data) for data in _in_order(document, parts, "audio")]
-    images = [decode(data) for data in _in_order(document, parts, "image")]
+    images = [decode_image(data) for data in _in_order(document, parts, "image")]
     return processor(
         text=[text],
         audio=clips or None,
@@ -177,7 +182,7 @@ def test_gemma3n_audio_tokens_whatever_the_clip_and_a_clip_over_30_s_is_skipped(
     from megatron.energon.errors import SkipSample
     from test_audio import _hf_messages
 
-    from energon_packing.encoding import audio
+    from energon_packing.media import audio
     from energon_packing.testing.audio import clip
 
     require_processor_media("gemma3n")  # refused on a release without its public expansion
@@ -278,7 +283,7 @@ def _reference_of(processor, data: str, key: str) -> dict:
     from test_families import _processor_call, images_in_order
 
     return _processor_call(
-        processor, BY_KEY[key], [decode(d) for d in images_in_order(BY_KEY[key])]
+        processor, BY_KEY[key], [decode_image(d) for d in images_in_order(BY_KEY[key])]
     )
 
 
@@ -289,8 +294,8 @@ def test_a_gemma3n_directory_loads_and_packs_without_timm(tmp_path):
     builds the model), so nothing is refused; ids equal the loaded processor's own."""
     from test_audio import _hf_messages
 
-    from energon_packing.encoding import audio
     from energon_packing.encoding.processor_loading import load_processor
+    from energon_packing.media import audio
     from energon_packing.testing.audio import clip
     from energon_packing.testing.families import save_published
 
@@ -323,7 +328,7 @@ def test_a_gemma3n_directory_loads_and_packs_without_timm(tmp_path):
     text = loaded.apply_chat_template(_hf_messages(document), tokenize=False)
     real = loaded(
         text=[text],
-        images=[[decode(parts["a.png"])]],
+        images=[[decode_image(parts["a.png"])]],
         audio=[audio.decode(parts["b.wav"])],
         add_special_tokens=False,
         return_tensors="np",

@@ -18,11 +18,10 @@ import functools
 import numpy as np
 import pytest
 import torch
-from helpers import loader_batches, make_dataset
+from helpers import decode_image, loader_batches, make_dataset
 
 from energon_packing import PackContractError, PackingTaskEncoder
 from energon_packing.encoding import hf_compat
-from energon_packing.encoding.images import decode
 from energon_packing.hf import IGNORE_INDEX, HFInputs, gemma3_mask_mapping, text_positions, to_hf
 from energon_packing.schema import BOOKKEEPING_KEYS, Source, collate, empty_batch, layout
 from energon_packing.testing.synth import conversations
@@ -308,7 +307,7 @@ def _alone(processor, model, key: str, token_mask: torch.Tensor):
     """The conversation through the processor alone: (logits [n, V], loss sum, label count)."""
     conversation = BY_KEY[key]
     reference = _processor_call(
-        processor, conversation, [decode(d) for d in images_in_order(conversation)]
+        processor, conversation, [decode_image(d) for d in images_in_order(conversation)]
     )
     ids = reference["input_ids"]
     labels = torch.where(token_mask[None] > 0, ids, IGNORE_INDEX)

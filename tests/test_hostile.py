@@ -284,8 +284,8 @@ def test_the_pixel_budget_is_ours_alone():
 
     from PIL import Image
 
-    from energon_packing.encoding.images import probe
     from energon_packing.errors import Skip
+    from energon_packing.media.images import probe
 
     pil_limit = Image.MAX_IMAGE_PIXELS
     side = int((1.5 * pil_limit) ** 0.5)  # between PIL's warning and its hard limit

@@ -183,7 +183,7 @@ def test_stats_writes_every_skipped_key_with_its_reason(faulty, tmp_path):
 
 
 def test_check_reads_every_audio_part_as_the_loader_will(tmp_path):
-    """Every audio part's length is read (``encoding.audio.length``): a clip that is no
+    """Every audio part's length is read (``media.audio.length``): a clip that is no
     audio container, and one with no audio stream, are listed under the loader's reasons;
     ``--no-audio`` leaves them unread."""
     pytest.importorskip("av")

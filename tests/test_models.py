@@ -243,9 +243,8 @@ def test_why_qwen3_5_is_refused_packed_conversations_leak(family, qwen3_5_batche
     """Packed anyway, in the form transformers' padding-free path takes (``to_hf`` without a
     model: restarting positions, no mask): the first conversation of a pack equals itself
     through the processor alone, later ones do not."""
+    from helpers import decode_image
     from test_families import _processor_call, images_in_order
-
-    from energon_packing.encoding.images import decode
 
     model, batches, by_key = qwen3_5_batches
     processor = build("qwen3_5", model=False)[0]
@@ -254,7 +253,7 @@ def test_why_qwen3_5_is_refused_packed_conversations_leak(family, qwen3_5_batche
     logits = hf.run(model, {k: v for k, v in inputs.items() if k != "use_cache"})
     diffs = []
     for k, key in enumerate(inputs.source_ids):
-        images = [decode(d) for d in images_in_order(by_key[key])]
+        images = [decode_image(d) for d in images_in_order(by_key[key])]
         reference = _processor_call(processor, by_key[key], images)
         start = int(inputs.cu_seqlens_padded[k])
         n = int(inputs.cu_seqlens[k + 1] - inputs.cu_seqlens[k])

@@ -19,10 +19,9 @@ import json
 
 import numpy as np
 import pytest
-from helpers import conversation_sample, loader_batches, make_dataset
+from helpers import conversation_sample, decode_image, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.encoding.images import decode
 from energon_packing.testing.synth import conversations
 
 transformers = pytest.importorskip("transformers")
@@ -82,7 +81,7 @@ def test_a_pixtral_model_through_its_processor_and_the_loader(pixtral_dataset, b
         expected_media: dict[str, list] = {}
         sides = set()
         for k, key in enumerate(mb.source_ids):
-            pictures = [decode(d) for d in images_in_order(BY_KEY[key])]
+            pictures = [decode_image(d) for d in images_in_order(BY_KEY[key])]
             reference = _processor_call(processor, BY_KEY[key], pictures)
             start, n = int(mb.cu_seqlens_padded[k]), int(mb.cu_seqlens[k + 1] - mb.cu_seqlens[k])
             ids = mb.model_inputs["input_ids"][0, start : start + n]
@@ -147,7 +146,7 @@ def test_predicted_costs_are_the_real_lengths(built):
         text = processor.apply_chat_template(hf_messages(document), tokenize=False)
         real = processor(
             text=[text],
-            images=[[decode(images[n]) for n in names]],
+            images=[[decode_image(images[n]) for n in names]],
             add_special_tokens=False,  # the template writes BOS
             return_tensors="np",
         )
@@ -180,7 +179,7 @@ def test_an_image_the_processor_resizes_to_nothing_is_a_named_skip(caplog):
     for width, height in ((3, 900), (900, 3)):
         image = _png(width, height)
         with pytest.raises(ValueError, match="0"):  # the processor's own refusal
-            processor(text=["[IMG]"], images=[[decode(image)]])
+            processor(text=["[IMG]"], images=[[decode_image(image)]])
         document = {
             "messages": [
                 {"role": "user", "content": "<image>What is it?"},
@@ -267,7 +266,7 @@ def test_a_mistral3_directory_loads_with_torchvision(tmp_path):
     image = _png(150, 100)
     encoded = te.encode_sample(conversation_sample("p", document, {"a.png": image}))
     text = loaded.apply_chat_template(hf_messages(document), tokenize=False)
-    real = loaded(text=[text], images=[[decode(image)]], add_special_tokens=False)
+    real = loaded(text=[text], images=[[decode_image(image)]], add_special_tokens=False)
     assert encoded.input_ids.tolist() == real["input_ids"][0].tolist()
     # 150x100 px within 64 px: 64x42, up to steps of 4 * 2 px: 64x48, 6 rows of 8 [IMG] tokens,
     # each ended by [IMG_BREAK] but the last, ended by [IMG_END]
@@ -310,6 +309,6 @@ def test_the_loss_mask_is_each_reply_and_its_eos_and_never_an_image():
     from test_families import hf_messages
 
     text = processor.apply_chat_template(hf_messages(document), tokenize=False)
-    pictures = [[decode(images["a.png"]), decode(images["b.png"])]]
+    pictures = [[decode_image(images["a.png"]), decode_image(images["b.png"])]]
     real = processor(text=[text], images=pictures, add_special_tokens=False)
     assert encoded.input_ids.tolist() == real["input_ids"][0].tolist()

@@ -91,7 +91,7 @@ def test_a_published_directory_loads_as_its_family(tmp_path, family):
         images=encoded.images,
         config=te.config,
     )
-    from energon_packing.encoding.images import decode
+    from helpers import decode_image
 
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
@@ -101,7 +101,7 @@ def test_a_published_directory_loads_as_its_family(tmp_path, family):
     bos = processor.tokenizer.bos_token
     reference = processor(
         text=[text],
-        images=[[decode(image)]],
+        images=[[decode_image(image)]],
         add_special_tokens=not (bos and text.startswith(bos)),
         return_tensors="np",
     )

@@ -29,11 +29,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import conversation_sample, loader_batches, make_dataset, require_processor_media
+from helpers import (
+    conversation_sample,
+    decode_image,
+    loader_batches,
+    make_dataset,
+    require_processor_media,
+)
 
 from energon_packing import PackingTaskEncoder
-from energon_packing.encoding import audio
-from energon_packing.encoding.images import decode as decode_image
+from energon_packing.media import audio
 from energon_packing.testing.audio import clip
 from energon_packing.trainer import prepacked_microbatches
 

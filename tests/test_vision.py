@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 from energon_packing.encoding.chat import Skip
-from energon_packing.encoding.images import probe
 from energon_packing.encoding.vision import (
     VisionConfig,
     grid_for,
@@ -17,6 +16,7 @@ from energon_packing.encoding.vision import (
     smart_resize,
     tokens_for,
 )
+from energon_packing.media.images import probe
 
 
 def image_bytes(width, height, mode="RGB", fmt="PNG", seed=0):

@@ -12,13 +12,13 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import loader_batches, make_dataset, raw_sample, stop_workers
+from helpers import decode_image, loader_batches, make_dataset, raw_sample, stop_workers
 from PIL import Image
 
 from energon_packing.encoding.chat import Skip, check_loss_weight
-from energon_packing.encoding.images import decode, may_be_image, probe
 from energon_packing.encoding.vision import VisionConfig, patchify
 from energon_packing.loader.samples import is_conversation_part, load_conversation
+from energon_packing.media.images import decode, may_be_image, probe
 
 SMALL = VisionConfig(min_pixels=56 * 56, max_pixels=224 * 224)
 Image.init()  # every plugin registered: Image.OPEN lists what this Pillow reads
@@ -84,7 +84,7 @@ def test_exif_orientation_is_applied_as_load_image_does(fmt):
         ours, grid = patchify(data, SMALL)
         assert [list(grid)] == grids, (fmt, orientation)
         assert np.array_equal(ours, pixels), (fmt, orientation)
-        assert decode(data).size == size
+        assert decode_image(data).size == size
 
 
 def test_orientation_6_gives_the_upright_grid():
@@ -98,7 +98,7 @@ def test_orientation_is_read_from_the_header_alone():
     truncated = data[: len(data) // 2]  # EXIF and frame header intact, pixels cut
     assert probe(truncated) == (64, 320)
     with pytest.raises(Skip, match="does not decode"):
-        decode(truncated)
+        decode_image(truncated)
 
 
 def test_unreadable_exif_is_no_orientation():
@@ -106,7 +106,7 @@ def test_unreadable_exif_is_no_orientation():
     at = data.index(b"Exif\x00\x00") + 6
     data[at : at + 4] = b"XXXX"  # not a TIFF header: PIL's getexif raises
     assert probe(bytes(data)) == (80, 16)
-    assert decode(bytes(data)).size == (80, 16)
+    assert decode_image(bytes(data)).size == (80, 16)
 
 
 # ---- 17.4: formats by content, any part name -------------------------------------------------
@@ -163,7 +163,7 @@ def test_every_format_pillow_writes_decodes_whatever_its_name(ext):
         )
         assert fields["images"] == {name: data}
     assert probe(data) == expected.size
-    assert decode(data, high_bit_depth="clip").tobytes() == expected.tobytes()
+    assert decode_image(data, high_bit_depth="clip").tobytes() == expected.tobytes()
     assert patchify(data, SMALL)[1][0] == 1
 
 
@@ -175,6 +175,33 @@ def test_formats_pillow_only_reads():
         f"Pillow {Image.__version__} reads but cannot write {', '.join(unwritable)} (BUFR, "
         f"GRIB, HDF5 need a handler even to read): no sample file of these to test with"
     )
+
+
+def test_the_alpha_rule_is_the_callers_and_the_encoding_side_passes_transformers():
+    """The media room reads no transformers: ``decode`` composites alpha on white or drops it
+    as told; the encoding side (``patchify``) passes the installed transformers' rule, so its
+    pixels equal the real image processor's on a half-transparent PNG handed to it as opened
+    (``load_image`` would drop the alpha first)."""
+    from energon_packing.encoding.hf_compat import alpha_on_white
+
+    pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+
+    rgba = noise(80, 16).convert("RGBA")
+    rgba.putalpha(Image.fromarray(np.tile(np.arange(0, 240, 3, dtype=np.uint8), (16, 1))))
+    data = save(rgba, "PNG")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    on_white = Image.alpha_composite(white, rgba).convert("RGB")
+    assert decode(data, alpha_on_white=True).tobytes() == on_white.tobytes()
+    assert decode(data, alpha_on_white=False).tobytes() == rgba.convert("RGB").tobytes()
+    assert on_white.tobytes() != rgba.convert("RGB").tobytes()
+    assert decode_image(data).tobytes() == decode(data, alpha_on_white=alpha_on_white()).tobytes()
+    processor = pil.Qwen2VLImageProcessorPil(
+        min_pixels=SMALL.min_pixels, max_pixels=SMALL.max_pixels
+    )
+    real = processor(images=[Image.open(io.BytesIO(data))], return_tensors="np")
+    ours, grid = patchify(data, SMALL)
+    assert [list(grid)] == real["image_grid_thw"].tolist()
+    assert np.array_equal(ours, real["pixel_values"])
 
 
 def test_eps_is_refused_it_would_run_ghostscript():
@@ -198,7 +225,7 @@ def test_formats_are_tried_in_the_order_a_fresh_image_open_tries_them():
             sys.executable,
             "-c",
             "from PIL import Image; Image.init(); "
-            "from energon_packing.encoding.images import _formats; print(_formats())",
+            "from energon_packing.media.images import _formats; print(_formats())",
         ],
         capture_output=True,
         text=True,
@@ -290,14 +317,14 @@ def test_high_bit_depth_values_are_unchanged(high_bit_depth):
             expected = Image.fromarray(old_scaled(image), mode="L").convert("RGB")
         else:
             expected = image.convert("RGB")
-        got = decode(data, high_bit_depth=high_bit_depth)
+        got = decode_image(data, high_bit_depth=high_bit_depth)
         assert got.tobytes() == expected.tobytes(), label
 
 
 def numpy_peak(data: bytes) -> int:
     tracemalloc.start()
     try:
-        decode(data)
+        decode_image(data)
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

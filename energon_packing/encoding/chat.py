@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from energon_packing.config import Limits
-from energon_packing.encoding.audio import AUDIO_SUFFIXES, AudioLength, may_be_audio
-from energon_packing.encoding.audio import length as audio_length
-from energon_packing.encoding.images import VIDEO_SUFFIXES, may_be_image, may_be_video, probe
 from energon_packing.errors import Skip, quote
+from energon_packing.media.audio import AUDIO_SUFFIXES, AudioLength, may_be_audio
+from energon_packing.media.audio import length as audio_length
+from energon_packing.media.images import VIDEO_SUFFIXES, may_be_image, may_be_video, probe
 from energon_packing.packing.algorithms import round_up
 
 if TYPE_CHECKING:
@@ -397,9 +397,9 @@ def audio_lengths(
     max_seconds: float | None,
 ) -> list[AudioLength]:
     """The length of each referenced clip in order of appearance (from its header where that
-    is exact, else decoded: :func:`.audio.length`); ``takes_audio``: None where the layout
-    takes audio, else why not (the ``unsupported_audio`` detail). A missing, unreadable or
-    over-long clip is a :class:`Skip`."""
+    is exact, else decoded: :func:`~energon_packing.media.audio.length`); ``takes_audio``:
+    None where the layout takes audio, else why not (the ``unsupported_audio`` detail). A
+    missing, unreadable or over-long clip is a :class:`Skip`."""
     lengths = []
     for i in refs.order:
         name = audio_names[i]

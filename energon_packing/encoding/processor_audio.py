@@ -4,7 +4,7 @@ What the processor's own ``_process_audio`` does, without tokenizing anything: e
 placeholder's expansion (``replace_audio_token``'s count, from the clip's sample count alone at
 encode time: :class:`~energon_packing.media.audio_rules.AudioRule`) and, at pack time, the
 feature extractor's ``input_features`` and ``feature_attention_mask`` for one conversation's
-clips (decoded then: :func:`energon_packing.encoding.audio.decode`), checked against the ids.
+clips (decoded then: :func:`energon_packing.media.audio.decode`), checked against the ids.
 No torch here (the feature extractor may use it, as it does in the processor).
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from energon_packing.encoding import audio
 from energon_packing.encoding.chat import Skip
+from energon_packing.media import audio
 from energon_packing.media.audio_rules import AudioRule
 
 __all__ = ["AudioSide"]

@@ -19,7 +19,7 @@ import numpy as np
 from energon_packing.encoding import hf_compat
 from energon_packing.encoding.chat import Skip, brief, decode_once
 from energon_packing.encoding.families import Family
-from energon_packing.encoding.images import decode
+from energon_packing.media.images import decode
 
 __all__ = ["ImageSide", "ProcessorMismatchError"]
 
@@ -237,8 +237,12 @@ class ImageSide:
     def _decode(self, images: Sequence[bytes], config: Any) -> list:
         budget = getattr(config, "max_image_pixels", None)
         high_bit_depth = getattr(config, "high_bit_depth", None) or "scale"
+        alpha_on_white = hf_compat.alpha_on_white()
         return decode_once(
-            lambda d: decode(d, max_pixels=budget, high_bit_depth=high_bit_depth), images
+            lambda d: decode(
+                d, max_pixels=budget, high_bit_depth=high_bit_depth, alpha_on_white=alpha_on_white
+            ),
+            images,
         )
 
     def _checked(self, key: str, decoded: list, processed: Any, input_ids: Any) -> dict:

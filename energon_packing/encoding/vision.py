@@ -2,8 +2,9 @@
 
 Two halves, on purpose:
 
-* :func:`grid_for` costs an image from its size alone (:func:`.images.probe` reads it from the
-  header), so a conversation waiting in the packing buffer holds its compressed bytes;
+* :func:`grid_for` costs an image from its size alone
+  (:func:`~energon_packing.media.images.probe` reads it from the header), so a conversation
+  waiting in the packing buffer holds its compressed bytes;
 * :func:`patchify` decodes, and runs only for the pack being emitted.
 
 ``patchify`` is bit-equal to ``transformers``' ``Qwen2VLImageProcessorPil`` (a test checks it):
@@ -17,8 +18,9 @@ import numpy as np
 from PIL import Image
 
 from energon_packing.config import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionConfig
+from energon_packing.encoding import hf_compat
 from energon_packing.encoding.chat import Skip
-from energon_packing.encoding.images import decode
+from energon_packing.media.images import decode
 from energon_packing.resize import MAX_ASPECT_RATIO
 from energon_packing.resize import smart_resize as resize
 
@@ -87,9 +89,15 @@ def patchify(
     """Decodes one image into ``pixel_values [h*w, patch_dim]`` (float32) and its grid.
 
     Row order follows the 2x2 merge: the four patches of one LLM token are consecutive.
-    ``max_pixels`` is the decode budget (:func:`.images.decode`), not Qwen2-VL's resize target.
+    ``max_pixels`` is the decode budget (:func:`~energon_packing.media.images.decode`), not
+    Qwen2-VL's resize target.
     """
-    image = decode(data, max_pixels=max_pixels, high_bit_depth=high_bit_depth)
+    image = decode(
+        data,
+        max_pixels=max_pixels,
+        high_bit_depth=high_bit_depth,
+        alpha_on_white=hf_compat.alpha_on_white(),
+    )
     width, height = image.size
     resized_h, resized_w = smart_resize(height, width, config)
     image = image.resize((resized_w, resized_h), resample=Image.Resampling.BICUBIC)

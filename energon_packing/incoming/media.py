@@ -1,14 +1,14 @@
 """A record's media for ``convert``: loaded from a path, a ``data:`` URI, bytes or a Hugging
 Face ``{"bytes", "path"}`` entry, and checked before it goes into a shard.
 
-An image is decoded (:func:`energon_packing.encoding.images.verify`: what the loader's decode
+An image is decoded (:func:`energon_packing.media.images.verify`: what the loader's decode
 refuses, ``corrupt_image``, is reported here, with the record's id and the path), unless
 ``decode`` is off; then only its first bytes are read to recognise its format, and a file is
 copied into the shard by the kernel as it is. A video is never decoded: its first bytes must
 start a video container, and with ``decode`` its container header is read as the loader will
 (:func:`energon_packing.media.video.probe`, PyAV; without PyAV that step is skipped, logged once).
 An audio clip is recognised by its signature (else its name) and, with ``decode``, its length is
-read as the loader will (:func:`energon_packing.encoding.audio.length`: ``audio_unreadable``,
+read as the loader will (:func:`energon_packing.media.audio.length`: ``audio_unreadable``,
 ``audio_no_stream``).
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from energon_packing.encoding.audio import AUDIO_SUFFIXES
-from energon_packing.encoding.images import VIDEO_SUFFIXES
 from energon_packing.errors import Skip
+from energon_packing.media.audio import AUDIO_SUFFIXES
+from energon_packing.media.images import VIDEO_SUFFIXES
 
 __all__ = [
     "VIDEO_EXTENSIONS",
@@ -178,7 +178,7 @@ class MediaLoader:
                 f"starting {data[:12]!r}); convert it to one of them (e.g. ffmpeg -i IN OUT.flac)",
             )
         if self.decode:
-            from energon_packing.encoding.audio import length
+            from energon_packing.media.audio import length
 
             try:
                 length(data)
@@ -219,9 +219,9 @@ _MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot")
 
 
 def _verify(data: bytes | Path, what: str, record_id: Any) -> None:
-    """:func:`energon_packing.encoding.images.verify` of the bytes (or a file's), its skip
+    """:func:`energon_packing.media.images.verify` of the bytes (or a file's), its skip
     naming the medium and record."""
-    from energon_packing.encoding.images import verify
+    from energon_packing.media.images import verify
 
     try:
         verify(data if isinstance(data, bytes) else _read(data))

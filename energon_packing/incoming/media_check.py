@@ -3,12 +3,12 @@ header read, before training.
 
 The shard scan (:func:`energon_packing.incoming.shards.scan_dataset`) reads tar headers only.
 This pass reads each image part a document lists and each video part's bytes and checks them as the loader will: an image
-is decoded (:func:`energon_packing.encoding.images.verify`; ``corrupt_image``: a truncated JPEG,
+is decoded (:func:`energon_packing.media.images.verify`; ``corrupt_image``: a truncated JPEG,
 a body that is no image behind a JPEG's first bytes), a video's container header read
 (:func:`energon_packing.media.video.probe`: the stream, its rate and size, the packets that
 decode; no frame is decoded; ``video_unreadable``, ``video_no_stream``, ``video_empty``,
 ``unsupported_video`` without PyAV), an audio clip's length read as the loader reads it
-(:func:`energon_packing.encoding.audio.length`: its header where exact, else a decode;
+(:func:`energon_packing.media.audio.length`: its header where exact, else a decode;
 ``audio_unreadable``, ``audio_no_stream``). Each one the loader would skip is named with its shard,
 offset and key before a run starts; each costs its conversation only (the loader skips it and
 counts the reason).
@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from energon_packing.encoding.audio import may_be_audio
-from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import Skip
 from energon_packing.incoming.shards import Finding, shard_paths
 from energon_packing.incoming.tar_walk import split_key
+from energon_packing.media.audio import may_be_audio
+from energon_packing.media.images import may_be_image, may_be_video
 
 __all__ = ["MediaScan", "scan_media"]
 
@@ -66,8 +66,8 @@ def scan_media(
     Raises:
         ImportError: ``videos`` or ``audios`` and PyAV (the ``[video]`` extra) is not installed.
     """
-    from energon_packing.encoding.audio import length
-    from energon_packing.encoding.images import verify
+    from energon_packing.media.audio import length
+    from energon_packing.media.images import verify
 
     if audios:
         import av  # noqa: F401  (PyAV: the [video] extra; without it every clip reads as unreadable)

@@ -9,9 +9,9 @@ emitted. WebDataset and
 Energon split a member's name at the first dot of its file name: the key is what comes before
 (so a key's file name holds no dot), the part name all after (so it holds no ``/``); any other
 character is fine. Images are recognised by content, whatever their extension
-(:func:`.images.may_be_image`). The loader is total: it never raises on bad data (Energon would
-print a traceback and a sample dump per failure); it records ``problem`` and the task encoder
-skips the sample with that reason, counted and reported.
+(:func:`~energon_packing.media.images.may_be_image`). The loader is total: it never raises on
+bad data (Energon would print a traceback and a sample dump per failure); it records
+``problem`` and the task encoder skips the sample with that reason, counted and reported.
 
 ``.nv-meta/dataset.yaml``::
 
@@ -38,11 +38,11 @@ import numpy as np
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from energon_packing.encoding.audio import may_be_audio
 from energon_packing.encoding.chat import Skip, brief, check_loss_weight
-from energon_packing.encoding.images import may_be_image, may_be_video
 from energon_packing.errors import cut, describe
 from energon_packing.incoming.turns import read_turns
+from energon_packing.media.audio import may_be_audio
+from energon_packing.media.images import may_be_image, may_be_video
 from energon_packing.schema import Pack
 
 __all__ = [
@@ -293,8 +293,8 @@ def _alias_normalized(names: list[str], images: dict[str, bytes]) -> None:
 def is_conversation_part(part: str) -> bool:
     """The parts the loader reads: the JSON document, every part that may be an image (any
     name but text, tensor, audio, video and archive suffixes: content decides) and the video
-    parts (:data:`~energon_packing.encoding.images.VIDEO_SUFFIXES`) and the audio parts
-    (:data:`~energon_packing.encoding.audio.AUDIO_SUFFIXES`)."""
+    parts (:data:`~energon_packing.media.images.VIDEO_SUFFIXES`) and the audio parts
+    (:data:`~energon_packing.media.audio.AUDIO_SUFFIXES`)."""
     return part == "json" or may_be_image(part) or may_be_video(part) or may_be_audio(part)
 
 

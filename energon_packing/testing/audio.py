@@ -4,7 +4,7 @@ conversations about them.
     data = clip("wav", seconds=1.5, rate=16000, channels=1, seed=0)
 
 A clip is a few tones plus noise, so every mel bin and every resampler tap sees signal.
-:data:`FORMATS` covers every suffix of :data:`energon_packing.encoding.audio.AUDIO_SUFFIXES`.
+:data:`FORMATS` covers every suffix of :data:`energon_packing.media.audio.AUDIO_SUFFIXES`.
 """
 
 from __future__ import annotations

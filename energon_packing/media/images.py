@@ -7,9 +7,11 @@ orientation is applied, as ``transformers.image_utils.load_image`` does
 (``PIL.ImageOps.exif_transpose``): :func:`probe` reads the tag from the header and returns the
 size of the upright image, :func:`decode` returns its pixels.
 
-Colour conversion follows the installed transformers' PIL image processors: alpha composited on
-white, then RGB (5.21+; before, PIL's ``convert("RGB")`` drops the alpha:
-:func:`~energon_packing.encoding.hf_compat.alpha_on_white`). High-bit-depth and float images are the exception (``high_bit_depth``): PIL's
+Colour conversion follows the installed transformers' PIL image processors, whose rule the
+caller passes (``alpha_on_white``: the encoding side's
+:func:`~energon_packing.encoding.hf_compat.alpha_on_white`, since this room reads no
+transformers): alpha composited on white, then RGB (5.21+; before, PIL's ``convert("RGB")``
+drops the alpha). High-bit-depth and float images are the exception (``high_bit_depth``): PIL's
 ``convert("RGB")`` saturates them (a 16-bit PNG turns white, a float TIFF in [0, 1] black);
 ``"scale"`` maps their range onto 0..255 first (in row strips: a few bytes per pixel, never a
 64-bit copy of the image), ``"clip"`` keeps PIL's (and transformers') behaviour for bit-equality
@@ -27,7 +29,6 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image
 
-from energon_packing.encoding import hf_compat
 from energon_packing.errors import Skip, describe
 
 __all__ = [
@@ -205,15 +206,29 @@ def probe(data: bytes, *, max_pixels: int | None = None) -> tuple[int, int]:
 
 
 def decode(
-    data: bytes, *, max_pixels: int | None = None, high_bit_depth: str = "scale"
+    data: bytes,
+    *,
+    max_pixels: int | None = None,
+    high_bit_depth: str = "scale",
+    alpha_on_white: bool,
 ) -> Image.Image:
     """The upright image as an RGB PIL image (first frame of animations), within
-    ``max_pixels``: the pixels of ``transformers``' ``load_image``, alpha on white."""
+    ``max_pixels``: the pixels of ``transformers``' ``load_image``.
+
+    Args:
+        data: The image file's bytes.
+        max_pixels: The pixel budget, checked from the header before any decode
+            (:class:`Skip` ``image_too_large``); None: no budget.
+        high_bit_depth: ``"scale"`` or ``"clip"`` (see the module's docstring).
+        alpha_on_white: Whether alpha is composited on white before RGB (the installed
+            transformers' rule, :func:`energon_packing.encoding.hf_compat.alpha_on_white`),
+            else PIL's ``convert("RGB")`` drops it.
+    """
     with _opened(data, max_pixels) as opened:
         _, _, orientation = _header(data, opened, max_pixels)
         try:
             opened.load()  # frame 0: a freshly opened image is there (SPIDER refuses seek(0))
-            image = _to_rgb(opened, high_bit_depth)
+            image = _to_rgb(opened, high_bit_depth, alpha_on_white)
         except Exception as e:
             raise Skip("corrupt_image", f"image does not decode ({describe(e)})") from None
     # after conversion: 3 bytes a pixel to move, and the result owns its pixels
@@ -239,11 +254,11 @@ def verify(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-def _to_rgb(image: Image.Image, high_bit_depth: str) -> Image.Image:
+def _to_rgb(image: Image.Image, high_bit_depth: str, alpha_on_white: bool) -> Image.Image:
     if high_bit_depth == "scale" and (image.mode.startswith("I") or image.mode == "F"):
         image = _scaled(image)
     alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-    if alpha and hf_compat.alpha_on_white():
+    if alpha and alpha_on_white:
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, image).convert("RGB")
