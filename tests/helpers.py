@@ -234,3 +234,43 @@ def require_processor_media(family: str = "qwen2_vl") -> None:
     reason = processor_media_skip_reason(family)
     if reason:
         pytest.skip(reason)
+
+
+def callable_without_videos(processor):
+    """``processor``, callable on images and audio where it has no video processor (the tiny
+    Omni processors: no torchvision). Before 5.19 the Omni processors' own ``__call__`` reads
+    ``video_processor.merge_size`` on every call, videos or not: a shallow copy whose video
+    processor is a stand-in holding only that setting (the checkpoint's, ``video_settings``;
+    it is read, and used only for videos, which a call through this copy must not pass)."""
+    import copy
+    from types import SimpleNamespace
+
+    if getattr(processor, "video_processor", None) is not None:
+        return processor
+    settings = getattr(processor, "video_settings", None) or {}
+    merge = settings.get("merge_size", processor.image_processor.merge_size)
+    callable_copy = copy.copy(processor)
+    callable_copy.video_processor = SimpleNamespace(merge_size=merge)
+    return callable_copy
+
+
+def clips_heard_together(family: str, documents) -> bool:
+    """Whether the installed release's audio encoder lets the clips of a pack of these
+    conversations attend to each other: two or more carry ``audios`` and its encoder does not
+    keep the clips of a call apart (Qwen3-Omni before
+    :data:`~energon_packing.encoding.hf_compat.OMNI_AUDIO_WINDOWS_SINCE`). Their logits cannot
+    equal each alone, and ``to_hf`` refuses such a pack."""
+    from energon_packing.encoding import hf_compat
+
+    hearing = sum(bool(d.get("audios")) for d in documents)
+    return hearing > 1 and not hf_compat.omni_audio_clips_apart(family)
+
+
+def assert_to_hf_refuses_clips_heard_together(batch, model) -> None:
+    """``to_hf`` refuses a pack whose clips its release's audio encoder would mix."""
+    import pytest
+
+    from energon_packing.hf import to_hf
+
+    with pytest.raises(ValueError, match=r"each would hear the others'; use transformers >= "):
+        to_hf(batch, model=model)

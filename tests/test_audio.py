@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    assert_to_hf_refuses_clips_heard_together,
+    callable_without_videos,
+    clips_heard_together,
     conversation_sample,
     decode_image,
     loader_batches,
@@ -192,7 +195,7 @@ def _reference(processor, key: str) -> dict:
     text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
     clips = [audio.decode(data) for data in _in_order(document, parts, "audio")]
     images = [decode_image(data) for data in _in_order(document, parts, "image")]
-    return processor(
+    return callable_without_videos(processor)(
         text=[text], audio=clips or None, images=[images] if images else None, return_tensors="pt"
     )
 
@@ -398,7 +401,8 @@ def test_predicted_audio_tokens_are_the_processors(family):
         }
         encoded = te.encode_sample(conversation_sample("k", document, {"a.wav": data}))
         text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
-        reference = processor(text=[text], audio=[audio.decode(data)], return_tensors="pt")
+        call = callable_without_videos(processor)
+        reference = call(text=[text], audio=[audio.decode(data)], return_tensors="pt")
         assert np.array_equal(encoded.input_ids, reference["input_ids"][0].numpy()), n
 
 
@@ -413,6 +417,9 @@ def test_an_omni_family_through_its_processor_and_the_loader(audio_dataset, fami
         (mb,) = prepacked_microbatches(batch, pad_multiple=8)
         inputs = mb.model_inputs
         logits = hf.run(model, hf.packed_kwargs(inputs, mb.cu_seqlens_padded, info))
+        mixed = clips_heard_together(family, [BY_KEY[key][0] for key in mb.source_ids])
+        if mixed:  # an older release: its clips hear each other; proven apart one by one below
+            assert_to_hf_refuses_clips_heard_together(batch, model)
         clip_row = 0
         for k, key in enumerate(mb.source_ids):
             reference = _reference(processor, key)
@@ -445,9 +452,11 @@ def test_an_omni_family_through_its_processor_and_the_loader(audio_dataset, fami
             )
             got = inputs["position_ids"][:, 0, start : start + n]
             assert torch.equal(got, rope[:, 0].long()), f"{key}: positions"
+            seen.append(key)
+            if mixed and "input_features" in reference:
+                continue
             alone = hf.run(model, dict(reference))
             worst = max(worst, float((logits[start : start + n] - alone[:n]).abs().max()))
-            seen.append(key)
         assert clip_row == (len(inputs["input_features"]) if "input_features" in inputs else 0)
     assert sorted(seen) == sorted(BY_KEY) and not te.stats.skipped
     assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
@@ -607,3 +616,33 @@ def test_preview_marks_each_clips_audio_tokens(audio_dataset, tmp_path):
     text = describe(layouts)
     assert text.count(" audio  (") == sum(1 for n in clips.values() if n)
     assert draw(layouts, tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+def test_the_audio_encoder_keeps_a_calls_clips_apart_where_the_rule_says(family):
+    """``hf_compat.omni_audio_clips_apart`` (what ``to_hf`` refuses packs by) is what the
+    installed thinker's audio encoder does on sdpa: a clip's features alone equal its features
+    in a call beside another clip exactly where the rule says its clips stay apart (Qwen3-Omni
+    before 5.12.1: they differ, every clip attending to every other)."""
+    from energon_packing.encoding import hf_compat
+
+    processor, model, _ = build(family)
+    first, second = (audio.decode(clip("wav", seconds=s, seed=n)) for n, s in ((1, 2.5), (2, 1.3)))
+    padding = "max_length" if family == "qwen2_5_omni" else True  # as each processor pads
+
+    def features(clips):
+        found = processor.feature_extractor(
+            clips, sampling_rate=16000, return_attention_mask=True, padding=padding
+        )
+        inputs = torch.as_tensor(np.asarray(found["input_features"]))
+        mask = torch.as_tensor(np.asarray(found["attention_mask"]))
+        with torch.no_grad():
+            out = model.get_audio_features(inputs, feature_attention_mask=mask)
+        out = getattr(out, "last_hidden_state", out)  # a tensor (or a tuple) before 5.8
+        return torch.cat(list(out)) if isinstance(out, (tuple, list)) else out
+
+    alone, beside = features([first]), features([first, second])
+    assert len(beside) > len(alone)
+    difference = float((beside[: len(alone)] - alone).abs().max())
+    apart = hf_compat.omni_audio_clips_apart(family)
+    assert (difference <= 1e-6) == apart, (family, difference, apart)

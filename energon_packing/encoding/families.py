@@ -166,10 +166,10 @@ FAMILIES: tuple[Family, ...] = (
         token_types="token_type_ids",  # Gemma3Processor renames mm_token_type_ids
     ),
     # Gemma 3n: a fixed image sequence (``\n\n<start_of_image>``, image_seq_length soft tokens,
-    # ``<end_of_image>\n\n``); unlike Gemma 3 its text model is causal over an image too;
-    # proven on the newest release only (no expansion rule of older ones)
+    # ``<end_of_image>\n\n``); unlike Gemma 3 its text model is causal over an image too
     Family(
         name="gemma3n",
+        expansion=image_rules.gemma3n_expansion,
         classes=("Gemma3nProcessor",),
         model_types=("gemma3n",),
         replacement_inputs=image_rules.gemma3n_inputs,
@@ -284,6 +284,7 @@ FAMILIES: tuple[Family, ...] = (
     # (a video's own audio track, use_audio_in_video, is not laid out)
     Family(
         name="qwen2_5_omni",
+        expansion=image_rules.qwen_expansion,
         classes=("Qwen2_5OmniProcessor",),
         model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
         replacement_inputs=image_rules.qwen_inputs,
@@ -295,6 +296,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         name="qwen3_omni",
+        expansion=image_rules.qwen_expansion,
         classes=("Qwen3OmniMoeProcessor",),
         model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
         replacement_inputs=image_rules.qwen_inputs,

@@ -24,6 +24,7 @@ __all__ = [
     "FRACTIONAL_TIME_INTERVAL_SINCE",
     "GEMMA3_WINDOW_CUTS_BLOCKS_SINCE",
     "LATER_PROCESSOR_MEDIA_SINCE",
+    "OMNI_AUDIO_WINDOWS_SINCE",
     "PACK_RULES",
     "PROCESSOR_MEDIA_SINCE",
     "QWEN3_VIDEO_KEEPS_MARKUP_SINCE",
@@ -41,6 +42,7 @@ __all__ = [
     "mixin_token_types",
     "module_function",
     "number_of_features",
+    "omni_audio_clips_apart",
     "omni_position_id_per_seconds",
     "pack_rules",
     "processor_media_api",
@@ -86,6 +88,11 @@ FRACTIONAL_TIME_INTERVAL_SINCE = (5, 18, 0)
 #: (``get_image_features(**kwargs)``) in 5.18.0: before, flash attention's ``cu_seq_lens_q``
 #: given for the text reaches the tower too and collides with the tower's own.
 VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
+#: Qwen3-Omni's audio encoder keeps its attention windows (so each clip) apart on sdpa and eager
+#: (before, only flash attention read its ``cu_seqlens``: every clip of a call attended to every
+#: other, those of other conversations in a pack included); the first release the CI proves it
+#: on (5.8.1 does not; the fix landed between the two)
+OMNI_AUDIO_WINDOWS_SINCE = (5, 12, 1)
 #: Qwen3-VL's processor replaces the template's ``<|vision_start|><|video_pad|><|vision_end|>``
 #: whole by a video's per-frame expansion before 5.10.0; since (``get_text_with_replacements``),
 #: only the video token, keeping the pair around the frames.
@@ -165,7 +172,7 @@ def processor_media_refusal(processor: Any, family: Any = None) -> str | None:
     return (
         f"transformers {transformers.__version__}: {name} has no replace_image_token / "
         f"get_text_with_replacements of its own and energon_packing knows no expansion rule of "
-        f"this release for it (it knows one for the first eleven families back to 5.5, "
+        f"this release for it (it knows one for fourteen families back to 5.5, "
         f"docs/compatibility.md): the processor path with images and videos needs a transformers "
         f"release where {name} defines them (not before {_dotted(PROCESSOR_MEDIA_SINCE)}; the "
         f"later families are proven on the newest release CI runs); on this release use the "
@@ -219,15 +226,20 @@ def merged_images_kwargs(processor: Any) -> dict:
     return dict(_merged(processor)["images_kwargs"])
 
 
-def returns_mm_token_types(processor: Any) -> bool:
-    """Whether the processor's own ``__call__`` returns ``mm_token_type_ids``: its merged
-    ``text_kwargs`` say so before 5.23 (the kwargs class's ``_defaults``), the merged kwargs'
-    top level or the processor's ``return_mm_token_type_ids`` attribute since."""
+def returns_mm_token_types(processor: Any, *, field: str | None = None) -> bool:
+    """Whether the processor's own ``__call__`` returns its token types (``mm_token_type_ids``,
+    or ``field`` where it renames them): its merged ``text_kwargs`` say so before 5.23 (the
+    kwargs class's ``_defaults``), the merged kwargs' top level or the processor's
+    ``return_mm_token_type_ids`` attribute since. Where neither names the switch, whether its
+    ``model_input_names`` lists ``field``: such a ``__call__`` adds them by hand, whatever the
+    keywords (Gemma 3n before 5.19)."""
     merged = _merged(processor)
     for found in (merged.get("text_kwargs", {}), merged):
         if "return_mm_token_type_ids" in found:
             return bool(found["return_mm_token_type_ids"])
-    return bool(getattr(processor, "return_mm_token_type_ids", False))
+    if hasattr(processor, "return_mm_token_type_ids"):
+        return bool(processor.return_mm_token_type_ids)
+    return field is not None and field in (getattr(processor, "model_input_names", None) or ())
 
 
 def _merged(processor: Any) -> dict:
@@ -352,6 +364,14 @@ def vision_takes_own_kwargs() -> bool:
     VLM's vision tower (5.18+; also without transformers)."""
     found = transformers_version()
     return found is None or found >= VISION_TAKES_OWN_KWARGS_SINCE
+
+
+def omni_audio_clips_apart(family: str) -> bool:
+    """Whether the installed ``family`` thinker's audio encoder keeps the clips of one call
+    apart on every attention implementation (Qwen2.5-Omni: always, by its block mask;
+    Qwen3-Omni: from :data:`OMNI_AUDIO_WINDOWS_SINCE`; also without transformers)."""
+    found = transformers_version()
+    return family != "qwen3_omni" or found is None or found >= OMNI_AUDIO_WINDOWS_SINCE
 
 
 def fractional_time_interval() -> bool:

@@ -123,6 +123,12 @@ def gemma3_expansion(processor: Any, inputs: dict, index: int) -> str:
     )
 
 
+def gemma3n_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Gemma 3n before the public API: its ``__call__`` replaces every ``image_token`` by
+    ``full_image_sequence`` (the same for every image)."""
+    return processor.full_image_sequence
+
+
 def idefics3_expansion(processor: Any, inputs: dict, index: int) -> str:
     """Idefics3 before 5.10 (its module's ``get_image_prompt_string``, as its ``__call__``)."""
     rows = [r for per_text in inputs["rows"] for r in per_text]

@@ -55,7 +55,7 @@ class ImageSide:
             declared = set(getattr(processor, "model_input_names", None) or names)
             unused = {n for n in names if n not in declared}  # Gemma 3's num_crops
         self.fields = tuple(n for n in names if n not in unused)
-        returns_types = hf_compat.returns_mm_token_types(processor)
+        returns_types = hf_compat.returns_mm_token_types(processor, field=family.token_types)
         self.token_types = family.token_types if returns_types else None
         self._per_token_types = _per_token_types(processor)
         # the token the text carries per image (an older Gemma 3's: its begin-of-image token)
@@ -101,8 +101,8 @@ class ImageSide:
             (expanded,), (offsets,) = self.processor.get_text_with_replacements(
                 [text], images_replacements=images, videos_replacements=list(videos), **extra
             )
-        else:  # no audio family runs here: processor_media_refusal refuses it first
-            expanded, offsets = self._replaced(text, images, list(videos))
+        else:
+            expanded, offsets = self._replaced(text, images, list(videos), list(audios))
         kinds = ("image", "video", "audio")
         found = [sum(o.get("type", "image") == k for o in offsets) for k in kinds]
         if found != [len(sizes), len(videos), len(audios)]:
@@ -124,12 +124,16 @@ class ImageSide:
             spans.append((new_start - lead, new_end + trail))
         return expanded, shifts, spans
 
-    def _replaced(self, text: str, images: list[str], videos: list[str]) -> tuple[str, list]:
+    def _replaced(
+        self, text: str, images: list[str], videos: list[str], audios: list[str]
+    ) -> tuple[str, list]:
         """What ``get_text_with_replacements`` gives, where the processor has none (before
-        5.10): the i-th image (video) placeholder in ``text`` replaced by ``images[i]``
-        (``videos[i]``), in order, with the same offsets. The older ``__call__`` replaces each
-        kind in order of appearance too, so the text is the same (Qwen3-VL's video takes the
-        template's markup around it: ``Family.video_takes_markup``)."""
+        5.10, and the Omni families and Gemma 3n before 5.19): the i-th image (video, audio)
+        placeholder in ``text`` replaced by ``images[i]`` (``videos[i]``, ``audios[i]``), in
+        order, with the same offsets. The older ``__call__`` replaces each kind in order of
+        appearance too, or (Gemma 3n) every placeholder of a kind by one same sequence, so the
+        text is the same (Qwen3-VL's video takes the template's markup around it:
+        ``Family.video_takes_markup``)."""
         groups = []
         if images:
             groups.append(f"(?P<image>{re.escape(self.placeholder)})")
@@ -140,9 +144,11 @@ class ImageSide:
                 end = getattr(self.processor, "vision_end_token", "<|vision_end|>")
                 token = f"{re.escape(start)}{token}{re.escape(end)}|{token}"
             groups.append(f"(?P<video>{token})")
+        if audios:
+            groups.append(f"(?P<audio>{re.escape(self.processor.audio_token)})")
         if not groups:
             return text, []
-        queues = {"image": iter(images), "video": iter(videos)}
+        queues = {"image": iter(images), "video": iter(videos), "audio": iter(audios)}
         pieces, offsets, last, gained = [], [], 0, 0
         for found in re.finditer("|".join(groups), text):
             start, end = found.span()

@@ -204,6 +204,7 @@ def to_hf(
             f"collides with the tower's own, for a pack with images or videos (source_ids="
             f"{pack.source_ids}); use sdpa or eager, or transformers >= 5.18"
         )
+    _require_audio_apart(family, config, batch, row, pack.source_ids)
     # a pack without images (or clips) has none: another pack of the batch may, and its empty
     # rows here would reach the tower (Gemma 3n's timm tower fails on an empty batch)
     inputs.update({key: value for key, value in per_pack.items() if len(value)})
@@ -237,6 +238,34 @@ def to_hf(
     inputs.cu_seqlens = torch.as_tensor(batch[CU_SEQLENS][row])
     inputs.cu_seqlens_padded = cu_padded
     return inputs
+
+
+def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, keys: list) -> None:
+    """Raises where the installed release's audio encoder lets the clips of one call attend to
+    each other (:func:`~energon_packing.encoding.hf_compat.omni_audio_clips_apart`) and the
+    pack holds clips of two conversations or more: each would hear the others'."""
+    if family is None or family.audio is None or hf_compat.omni_audio_clips_apart(family.name):
+        return
+    token = getattr(config, "audio_token_id", None)
+    if token is None:
+        token = getattr(getattr(config, "thinker_config", None), "audio_token_id", None)
+    ids = batch[INPUT_IDS][row]
+    bounds = [int(b) for b in batch[CU_SEQLENS_PADDED][row]]
+    hearing = [
+        keys[k]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:]))
+        if bool((ids[a:b] == token).any())
+    ]
+    if len(hearing) > 1:
+        import transformers
+
+        raise ValueError(
+            f"to_hf: transformers {transformers.__version__}'s {family.name} audio encoder lets "
+            f"every clip of a call attend to every other on sdpa and eager (only flash attention "
+            f"reads its windows), and this pack holds clips of {len(hearing)} conversations "
+            f"({', '.join(map(str, hearing))}): each would hear the others'; use transformers >= "
+            f"{'.'.join(map(str, hf_compat.OMNI_AUDIO_WINDOWS_SINCE))}, where the clips stay apart"
+        )
 
 
 def _block_layers(family: Any, config: Any) -> tuple[str, ...]:
