@@ -80,8 +80,10 @@ class Family:
         audio: How the family's processor takes audio clips (None: an audio clip is skipped
             ``unsupported_audio``).
         token_fields: Token-aligned model inputs besides the token types, each ``(name,
-            processor method)`` the processor's own ``__call__`` adds them by (ERNIE-4.5-VL's
-            ``moe_mm_token_type_ids``, ``create_moe_mm_token_type_ids``).
+            processor method, older rule)``: the method the processor's own ``__call__`` adds
+            them by (ERNIE-4.5-VL's ``moe_mm_token_type_ids``, ``create_moe_mm_token_type_ids``),
+            and where the processor has none, what that release's ``__call__`` writes, given the
+            processor and rows of ids (None: no older rule).
         vision_start: The token that opens an image's block (mRoPE families: Qwen's
             ``<|vision_start|>``, GLM's ``<|begin_of_image|>``).
         image_kwargs: What the processor's own ``__call__`` adds to its image processor's
@@ -107,7 +109,7 @@ class Family:
     image_blocks: bool = False
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention")
     audio: AudioRule | None = None
-    token_fields: tuple[tuple[str, str], ...] = ()
+    token_fields: tuple[tuple[str, str, Callable[[Any, list[list[int]]], list] | None], ...] = ()
     vision_start: str = "<|vision_start|>"
     image_kwargs: Callable[[Any], dict] | None = None
     needs: tuple[str, ...] = ()
@@ -229,6 +231,7 @@ FAMILIES: tuple[Family, ...] = (
     # use_bidirectional_attention is "vision"), causal on the full ones
     Family(
         name="gemma4",
+        expansion=image_rules.gemma4_expansion,
         classes=("Gemma4Processor",),
         model_types=("gemma4",),
         replacement_inputs=image_rules.gemma4_inputs,
@@ -246,11 +249,19 @@ FAMILIES: tuple[Family, ...] = (
         mrope=True,
         image_rows=image_rules.qwen_rows,
         token_types="mm_token_type_ids",
-        token_fields=(("moe_mm_token_type_ids", "create_moe_mm_token_type_ids"),),
+        expansion=image_rules.qwen_expansion,
+        token_fields=(
+            (
+                "moe_mm_token_type_ids",
+                "create_moe_mm_token_type_ids",
+                image_rules.ernie_moe_token_types,
+            ),
+        ),
         vision_start="<|IMAGE_START|>",
     ),
     Family(
         name="ovis2",
+        expansion=image_rules.ovis2_expansion,
         classes=("Ovis2Processor",),
         model_types=("ovis2",),
         replacement_inputs=image_rules.ovis2_inputs,
@@ -270,6 +281,7 @@ FAMILIES: tuple[Family, ...] = (
     # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
     Family(
         name="glm4v",
+        expansion=image_rules.qwen_expansion,
         classes=("Glm4vProcessor", "Glm46VProcessor"),
         model_types=("glm4v", "glm4v_moe", "glm46v"),
         replacement_inputs=image_rules.glm4v_inputs,

@@ -172,7 +172,7 @@ def processor_media_refusal(processor: Any, family: Any = None) -> str | None:
     return (
         f"transformers {transformers.__version__}: {name} has no replace_image_token / "
         f"get_text_with_replacements of its own and energon_packing knows no expansion rule of "
-        f"this release for it (it knows one for fourteen families back to 5.5, "
+        f"this release for it (it knows one for eighteen families back to 5.5, "
         f"docs/compatibility.md): the processor path with images and videos needs a transformers "
         f"release where {name} defines them (not before {_dotted(PROCESSOR_MEDIA_SINCE)}; the "
         f"later families are proven on the newest release CI runs); on this release use the "

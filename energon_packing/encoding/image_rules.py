@@ -129,6 +129,58 @@ def gemma3n_expansion(processor: Any, inputs: dict, index: int) -> str:
     return processor.full_image_sequence
 
 
+def gemma4_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Gemma 4 before the public API: its ``__call__`` replaces each ``image_token`` by
+    ``boi_token``, the image's soft tokens, ``eoi_token``."""
+    count = int(inputs["num_soft_tokens_per_image"][index])
+    return f"{processor.boi_token}{processor.image_token * count}{processor.eoi_token}"
+
+
+def ovis2_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Ovis2 before the public API: its ``__call__`` replaces each ``<image>`` by the image's
+    atoms (``image_seq_length`` each): the whole image after ``<IMG_START>`` and
+    ``<IMG_GRID>``, then, for a tiled image, each tile's, ``<IMG_COL>`` between the tiles of a
+    row and ``<IMG_ROW>`` between rows; ``<IMG_END>`` last."""
+    rows, cols = (int(n) for n in np.asarray(inputs["grids"]).reshape(-1, 2)[index])
+    atoms = "<IMG_ATOM>" * processor.image_seq_length
+    tiles = ""
+    if rows * cols > 1:
+        tiles = "<IMG_ROW>".join("<IMG_COL>".join([atoms] * cols) for _ in range(rows))
+    return f"<IMG_START>{atoms}<IMG_GRID>{tiles}<IMG_END>"
+
+
+def ernie_moe_token_types(processor: Any, input_ids: list[list[int]]) -> list[list[int]]:
+    """ERNIE-4.5-VL's ``moe_mm_token_type_ids`` as its ``__call__`` writes them where the
+    processor has no ``create_moe_mm_token_type_ids`` (before 5.19): image tokens and the image
+    start/end tokens 1, video tokens and the video start/end tokens 2, text 0."""
+    kinds = (
+        (
+            1,
+            (
+                processor.image_token_id,
+                processor.image_start_token_id,
+                processor.image_end_token_id,
+            ),
+        ),
+        (
+            2,
+            (
+                processor.video_token_id,
+                processor.video_start_token_id,
+                processor.video_end_token_id,
+            ),
+        ),
+    )
+    rows = []
+    for ids in input_ids:
+        ids = np.asarray(ids)
+        types = np.zeros_like(ids)
+        for kind, tokens in kinds:
+            types[np.isin(ids, [t for t in tokens if t is not None])] = kind
+        rows.append(types.tolist())
+    return rows
+
+
 def idefics3_expansion(processor: Any, inputs: dict, index: int) -> str:
     """Idefics3 before 5.10 (its module's ``get_image_prompt_string``, as its ``__call__``)."""
     rows = [r for per_text in inputs["rows"] for r in per_text]

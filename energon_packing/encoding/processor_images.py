@@ -10,6 +10,7 @@ around a placeholder, so that a whole image is known and never trained. No torch
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -279,8 +280,10 @@ class ImageSide:
         into views; otherwise one call per conversation. The family's other token fields
         (``Family.token_fields``: ERNIE's ``moe_mm_token_type_ids``) per conversation."""
         fields = self._token_types_of_pack(ids)
-        for name, method in self.family.token_fields:
-            make = getattr(self.processor, method)
+        for name, method, older in self.family.token_fields:
+            make = getattr(self.processor, method, None)
+            if make is None and older is not None:  # a release before the method
+                make = functools.partial(older, self.processor)
             for own, one in zip(fields, ids):
                 (row,) = make([np.asarray(one).tolist()])
                 own[name] = np.asarray(row, dtype=np.int64)

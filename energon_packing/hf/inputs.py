@@ -220,7 +220,7 @@ def to_hf(
             sliding_window=int(text_config(config).sliding_window),
             dtype=_dtype_of(model, config),
             block_layers=block_layers,
-            window_cuts_blocks=True if family.name != "gemma3" else None,
+            window_cuts_blocks=None,  # the installed release's rule (Gemma 4 as Gemma 3)
         )
     if varlen:
         boundaries = cu_padded.to(torch.int32)

@@ -26,7 +26,29 @@ import torch
 
 from energon_packing.encoding import hf_compat
 
-__all__ = ["additive_mask", "gemma3_mask_mapping", "image_blocks", "segment_ids"]
+__all__ = ["MaskMapping", "additive_mask", "gemma3_mask_mapping", "image_blocks", "segment_ids"]
+
+
+class MaskMapping(dict):
+    """The per-layer-type masks of one pack (``{"full_attention": ..., "sliding_attention":
+    ...}``), which Gemma's forward reads as they are.
+
+    Gemma 3's forward before 5.13 (and Gemma 4's on 5.5) computes its own loss by cropping
+    ``attention_mask[:, -n:]`` as a 2-D padding mask, which a mapping cannot be (``TypeError``
+    there). Cropped so, this mapping is the 2-D mask of a pack: every position real to the
+    loss (its labels already hold -100 where nothing is trained), so ``out.loss`` is the mean
+    over the pack's labels, as newer releases compute it.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):  # the older loss' 2-D crop: [:, -n:]
+            some = next(iter(self.values()))
+            return torch.ones(some.shape[0], some.shape[-1], dtype=torch.long, device=some.device)[
+                key
+            ]
+        return super().__getitem__(key)
 
 
 def segment_ids(
@@ -81,8 +103,8 @@ def gemma3_mask_mapping(
     device: torch.device | None = None,
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention"),
     window_cuts_blocks: bool | None = None,
-) -> dict[str, torch.Tensor]:
-    """The ``attention_mask`` mapping Gemma 3's (and Gemma 4's) forward reads, for one pack of
+) -> MaskMapping:
+    """The ``attention_mask`` mapping (a :class:`MaskMapping`) Gemma 3's (and Gemma 4's) forward reads, for one pack of
     ``C`` tokens.
 
     ``block_layers``: the layer types whose image blocks are bidirectional (Gemma 4: only
@@ -93,15 +115,17 @@ def gemma3_mask_mapping(
     blocks = image_blocks(token_type_ids.to(device))
     if window_cuts_blocks is None:
         window_cuts_blocks = hf_compat.gemma3_window_cuts_blocks()
-    return {
-        "full_attention": additive_mask(
-            segments, blocks=blocks if "full_attention" in block_layers else None, dtype=dtype
-        ),
-        "sliding_attention": additive_mask(
-            segments,
-            blocks=blocks if "sliding_attention" in block_layers else None,
-            window=sliding_window,
-            window_cuts_blocks=window_cuts_blocks,
-            dtype=dtype,
-        ),
-    }
+    return MaskMapping(
+        {
+            "full_attention": additive_mask(
+                segments, blocks=blocks if "full_attention" in block_layers else None, dtype=dtype
+            ),
+            "sliding_attention": additive_mask(
+                segments,
+                blocks=blocks if "sliding_attention" in block_layers else None,
+                window=sliding_window,
+                window_cuts_blocks=window_cuts_blocks,
+                dtype=dtype,
+            ),
+        }
+    )

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from energon_packing.encoding import hf_compat
+
 __all__ = ["packed_kwargs", "run"]
 
 _NOT_MODEL_INPUTS = ("packed_seq_params", "vision_token_index")
@@ -32,9 +34,12 @@ def _mask(
     positions = torch.arange(len(segment))
     query, key = positions[:, None], positions[None, :]
     allowed = (segment[:, None] == segment[None, :]) & (key <= query)
+    cuts = hf_compat.gemma3_window_cuts_blocks()  # before 5.13 an image block stays whole
+    if window is not None and not cuts:
+        allowed &= key > query - window
     if blocks is not None:  # an image's tokens see each other (Gemma 3)
         allowed |= (blocks[:, None] == blocks[None, :]) & (blocks[:, None] >= 0)
-    if window is not None:
+    if window is not None and cuts:
         allowed &= key > query - window
     mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
