@@ -646,3 +646,23 @@ def test_the_audio_encoder_keeps_a_calls_clips_apart_where_the_rule_says(family)
     difference = float((beside[: len(alone)] - alone).abs().max())
     apart = hf_compat.omni_audio_clips_apart(family)
     assert (difference <= 1e-6) == apart, (family, difference, apart)
+
+
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+@pytest.mark.processor_media
+def test_an_encoder_says_so_where_its_releases_audio_encoder_mixes_clips(family, caplog):
+    """Building a task encoder of an audio family logs one warning naming the release and the
+    fix exactly where that release's audio encoder mixes a call's clips (the other trainers'
+    paths never see the model; ``to_hf`` refuses such packs)."""
+    import logging
+
+    from energon_packing.encoding import hf_compat
+
+    processor = build(family, model=False)[0]
+    with caplog.at_level(logging.WARNING, logger="energon_packing"):
+        PackingTaskEncoder(max_input_seq_length=512, processor=processor)
+    said = [r.getMessage() for r in caplog.records if "would hear each other" in r.getMessage()]
+    apart = hf_compat.omni_audio_clips_apart(family)
+    assert len(said) == (0 if apart else 1), said
+    if said:
+        assert f"the {family} audio encoder" in said[0] and "transformers >= 5.12.1" in said[0]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ if TYPE_CHECKING:
     from energon_packing.config import PackingConfig
 
 __all__ = ["ProcessorChat", "ProcessorEncoding", "ProcessorMismatchError"]
+
+logger = logging.getLogger(__name__)
 
 #: Inserted after the first character of a special token spelled in conversation text.
 ESCAPE = "\u200b"
@@ -169,6 +172,17 @@ class ProcessorChat:
         self.audio: AudioSide | None = None
         if self.family is not None and self.family.audio is not None:
             self.audio = AudioSide(processor, self.family.audio)
+            if not hf_compat.omni_audio_clips_apart(self.family.name):
+                logger.warning(
+                    "transformers %s: the %s audio encoder lets every clip of a call attend to "
+                    "every other on sdpa and eager (only flash attention reads its windows): a "
+                    "pack's clips from several conversations would hear each other's there; "
+                    "to_hf refuses such packs, and any other forward of them is not exact. "
+                    "Use transformers >= %s",
+                    ".".join(map(str, hf_compat.transformers_version() or ())),
+                    self.family.name,
+                    ".".join(map(str, hf_compat.OMNI_AUDIO_WINDOWS_SINCE)),
+                )
         self.mrope = None
         if self.family is not None and self.family.mrope:
             self.mrope = MRope(
