@@ -418,7 +418,8 @@ def test_an_omni_family_through_its_processor_and_the_loader(audio_dataset, fami
         inputs = mb.model_inputs
         logits = hf.run(model, hf.packed_kwargs(inputs, mb.cu_seqlens_padded, info))
         mixed = clips_heard_together(family, [BY_KEY[key][0] for key in mb.source_ids])
-        if mixed:  # an older release: its clips hear each other; proven apart one by one below
+        if mixed:  # an older release: its clips hear each other (proven one clip-holding
+            # conversation per pack in test_video_omni's to_hf test)
             assert_to_hf_refuses_clips_heard_together(batch, model)
         clip_row = 0
         for k, key in enumerate(mb.source_ids):
@@ -666,3 +667,29 @@ def test_an_encoder_says_so_where_its_releases_audio_encoder_mixes_clips(family,
     assert len(said) == (0 if apart else 1), said
     if said:
         assert f"the {family} audio encoder" in said[0] and "transformers >= 5.12.1" in said[0]
+
+
+def test_to_hf_finds_the_clips_of_a_pack_by_a_full_omni_config(monkeypatch):
+    """The refusal reads the audio token of the config ``to_hf`` is given, the thinker's or a
+    whole Qwen3-Omni's (``thinker_config``), and counts the conversations that hold clips: two
+    here (a third is silent), refused where the encoder mixes them, accepted where not."""
+    import transformers
+
+    from energon_packing.encoding import hf_compat
+    from energon_packing.hf import to_hf
+    from energon_packing.schema import collate
+
+    processor, model, _ = build("qwen3_omni")
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+    hearing = [k for k, (d, _) in BY_KEY.items() if d.get("audios")][:2]
+    silent = [k for k, (d, _) in BY_KEY.items() if not d.get("audios")][:1]
+    encoded = [te.encode_sample(conversation_sample(k, *BY_KEY[k])) for k in hearing + silent]
+    batch = collate([te.pack_selected_samples(encoded).pack])
+    whole = transformers.Qwen3OmniMoeConfig(thinker_config=model.config.to_dict())
+    assert getattr(whole, "audio_token_id", None) is None  # only its thinker's names it
+    monkeypatch.setattr(hf_compat, "omni_audio_clips_apart", lambda family: False)
+    for config in (model.config, whole):
+        with pytest.raises(ValueError, match=r"holds clips of 2 conversations \((.+), (.+)\)"):
+            to_hf(batch, config=config)
+    monkeypatch.setattr(hf_compat, "omni_audio_clips_apart", lambda family: True)
+    assert to_hf(batch, config=whole).source_ids == hearing + silent

@@ -201,15 +201,22 @@ def test_predicted_costs_are_the_real_lengths(family):
         pil = [decode_image(images[n]) for n in names]
         text = processor.apply_chat_template(hf_messages(document), tokenize=False)
         bos = processor.tokenizer.bos_token
-        real = processor(
+        out = processor(
             text=[text],
             images=[pil],
             add_special_tokens=not (bos and text.startswith(bos)),
             return_tensors="np",
-        )["input_ids"][0]
+        )
+        real = out["input_ids"][0]
         assert encoded.length == len(real) and encoded.input_ids.tolist() == real.tolist(), (
             f"{family}: image (width, height) {sizes}"
         )
+        # the token-aligned fields (token types, ERNIE's MoE types), as the release's own call
+        (mine,) = te.chat.images.token_fields_of_pack([encoded.input_ids])
+        aligned = {k for k in out if k.endswith("token_type_ids")}
+        assert set(mine) == aligned, family
+        for name in aligned:
+            assert mine[name].tolist() == np.asarray(out[name][0]).tolist(), (family, name)
 
 
 def _png(width: int, height: int) -> bytes:

@@ -206,15 +206,13 @@ def test_gemma3_masks_are_transformers_own_per_conversation():
 
 
 def test_gemma4_masks_are_transformers_own_per_conversation():
-    """Gemma 4: per conversation, the installed ``create_masks_for_vision_model`` of Gemma 4
-    (full layers causal, sliding layers ``window AND (causal OR image block)``), nothing across
-    conversations; a model whose ``use_bidirectional_attention`` is not ``"vision"`` gets causal
-    masks, one whose is ``"all"`` is refused in one line."""
+    """Gemma 4: per conversation, the installed release's own masks (full layers causal,
+    sliding layers ``window AND (causal OR image block)`` from 5.13, ``(causal AND window) OR
+    image block`` before), nothing across conversations; a model whose
+    ``use_bidirectional_attention`` is not ``"vision"`` gets causal masks, one whose is ``"all"``
+    is refused in one line, and a release of another rule is refused."""
     gemma4 = pytest.importorskip("transformers.models.gemma4.modeling_gemma4")
-    if not hasattr(gemma4, "create_masks_for_vision_model"):  # its processor path is refused there
-        pytest.skip(
-            f"transformers {transformers.__version__}: Gemma 4 has no create_masks_for_vision_model"
-        )
+    rule = hf_compat.gemma4_mask_rule()
     config = transformers.Gemma4TextConfig(
         vocab_size=32,
         hidden_size=16,
@@ -233,6 +231,15 @@ def test_gemma4_masks_are_transformers_own_per_conversation():
 
     def own(types: list[int]) -> dict:
         types = torch.tensor([types])
+        if rule == "causal_mapping":  # 5.5-5.8
+            return gemma4.create_causal_mask_mapping(
+                config,
+                inputs_embeds=torch.zeros(1, types.shape[1], config.hidden_size),
+                attention_mask=None,
+                past_key_values=None,
+                position_ids=torch.arange(types.shape[1])[None],
+                mm_token_type_ids=types,
+            )
         return gemma4.create_masks_for_vision_model(
             config=config,
             inputs_embeds=torch.zeros(1, types.shape[1], config.hidden_size),
@@ -252,8 +259,16 @@ def test_gemma4_masks_are_transformers_own_per_conversation():
         sliding_window=3,
         dtype=torch.float32,
         block_layers=("sliding_attention",),
-        window_cuts_blocks=True,
+        window_cuts_blocks=None,  # the installed release's
     )
+    full = transformers.Gemma4Config(text_config=config.to_dict())
+    if rule is None:
+        with pytest.raises(ValueError, match=r"Gemma 4 opens its image blocks on the full"):
+            to_hf(
+                {**_batch(), "mm_token_type_ids": torch.zeros((1, 36), dtype=torch.int64)},
+                config=full,
+            )
+        return
     for name in ("full_attention", "sliding_attention"):
         mask = ours[name][0, 0]
         assert (mask[8:, :8] != 0).all() and (mask[:8, 8:] != 0).all()
@@ -263,8 +278,9 @@ def test_gemma4_masks_are_transformers_own_per_conversation():
             assert torch.equal(mask[start : start + n, start : start + n], alone[0, 0]), name
     # the image block is bidirectional on the sliding layer only
     assert ours["sliding_attention"][0, 0, 1, 2] == 0 and ours["full_attention"][0, 0, 1, 2] != 0
+    # the two rules differ here: the 4-token block is wider than the window of 3
+    assert (ours["sliding_attention"][0, 0, 4, 1] == 0) == (rule == "causal_mapping")
 
-    full = transformers.Gemma4Config(text_config=config.to_dict())
     kw = to_hf(
         {**_batch(), "mm_token_type_ids": torch.zeros((1, 36), dtype=torch.int64)}, config=full
     )

@@ -376,7 +376,8 @@ def test_to_hf_of_an_omni_pack_gives_each_conversations_own_logits(tmp_path, fam
             start, n = int(padded[k]), int(cu[k + 1] - cu[k])
             worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
         assert sorted(pack.source_ids) == sorted(group)
-    assert videos >= 5 and worst <= 1e-5, worst
+    # every video once in the whole pack; the silent conversations' again in each group
+    assert (videos == 5 if len(groups) == 1 else videos >= 5) and worst <= 1e-5, worst
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_omni"])

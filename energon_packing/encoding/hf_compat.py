@@ -38,6 +38,7 @@ __all__ = [
     "compile_chat_template",
     "fractional_time_interval",
     "gemma3_window_cuts_blocks",
+    "gemma4_mask_rule",
     "merged_images_kwargs",
     "mixin_token_types",
     "module_function",
@@ -372,6 +373,22 @@ def omni_audio_clips_apart(family: str) -> bool:
     Qwen3-Omni: from :data:`OMNI_AUDIO_WINDOWS_SINCE`; also without transformers)."""
     found = transformers_version()
     return family != "qwen3_omni" or found is None or found >= OMNI_AUDIO_WINDOWS_SINCE
+
+
+def gemma4_mask_rule() -> str | None:
+    """Which image-block mask the installed Gemma 4 builds (a ``use_bidirectional_attention``
+    ``"vision"`` model): ``"vision_model"`` (``create_masks_for_vision_model``, 5.13+: the
+    window cuts image blocks), ``"causal_mapping"`` (``create_causal_mask_mapping``, 5.5-5.8:
+    an image block stays whole under the window), both on the sliding layers only; None for
+    another (5.12's, which opens the full layers' blocks too: not reproduced)."""
+    try:
+        from transformers.models.gemma4 import modeling_gemma4
+    except ImportError:
+        return None
+    for rule in ("create_masks_for_vision_model", "create_causal_mask_mapping"):
+        if hasattr(modeling_gemma4, rule):
+            return "vision_model" if rule == "create_masks_for_vision_model" else "causal_mapping"
+    return None
 
 
 def fractional_time_interval() -> bool:

@@ -18,9 +18,12 @@ from energon_packing.errors import Skip
 
 __all__ = [
     "aya_vision_expansion",
+    "ernie_moe_token_types",
     "gemma3_expansion",
     "gemma3_inputs",
+    "gemma3n_expansion",
     "gemma3n_inputs",
+    "gemma4_expansion",
     "gemma4_inputs",
     "glm4v_inputs",
     "idefics3_expansion",
@@ -32,6 +35,7 @@ __all__ = [
     "llava_next_inputs",
     "llava_onevision_expansion",
     "llava_onevision_inputs",
+    "ovis2_expansion",
     "ovis2_inputs",
     "pixtral_inputs",
     "pixtral_kwargs",

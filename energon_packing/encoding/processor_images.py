@@ -284,6 +284,13 @@ class ImageSide:
             make = getattr(self.processor, method, None)
             if make is None and older is not None:  # a release before the method
                 make = functools.partial(older, self.processor)
+            if make is None:
+                raise hf_compat.TransformersCompatError(
+                    f"{type(self.processor).__name__} has no {method} on transformers "
+                    f"{'.'.join(map(str, hf_compat.transformers_version() or ()))} and "
+                    f"energon_packing knows no rule of "
+                    f"this release for its {name}: upgrade transformers"
+                )
             for own, one in zip(fields, ids):
                 (row,) = make([np.asarray(one).tolist()])
                 own[name] = np.asarray(row, dtype=np.int64)

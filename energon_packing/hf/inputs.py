@@ -275,6 +275,14 @@ def _block_layers(family: Any, config: Any) -> tuple[str, ...]:
     if family.name != "gemma4":
         return family.block_layers
     mode = getattr(text_config(config), "use_bidirectional_attention", None)
+    if mode == "vision" and hf_compat.gemma4_mask_rule() is None:
+        import transformers
+
+        raise ValueError(
+            f"to_hf: transformers {transformers.__version__}'s Gemma 4 opens its image blocks on "
+            f"the full-attention layers too, a mask rule energon_packing does not reproduce "
+            f"(it does 5.5-5.8's and 5.13+'s); use another transformers release"
+        )
     if mode == "all":
         raise ValueError(
             f"to_hf: {config.model_type!r} with use_bidirectional_attention='all' attends both "

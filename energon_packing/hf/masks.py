@@ -22,6 +22,8 @@ each), dense attention over the row. No ``transformers`` import here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from energon_packing.encoding import hf_compat
@@ -34,21 +36,26 @@ class MaskMapping(dict):
     ...}``), which Gemma's forward reads as they are.
 
     Gemma 3's forward before 5.13 (and Gemma 4's on 5.5) computes its own loss by cropping
-    ``attention_mask[:, -n:]`` as a 2-D padding mask, which a mapping cannot be (``TypeError``
+    ``attention_mask[:, -n:]`` as a 2-D padding mask, which a plain dict cannot be (it raises
     there). Cropped so, this mapping is the 2-D mask of a pack: every position real to the
     loss (its labels already hold -100 where nothing is trained), so ``out.loss`` is the mean
-    over the pack's labels, as newer releases compute it.
+    over the pack's labels, as newer releases compute it. A ``dict`` subclass: what rebuilds a
+    mapping by its type (``Trainer._prepare_input``, DDP's input mover, ``copy``, ``pickle``)
+    keeps it; ``torch.utils._pytree`` treats it as one leaf.
     """
 
     __slots__ = ()
 
-    def __getitem__(self, key):
-        if isinstance(key, tuple):  # the older loss' 2-D crop: [:, -n:]
-            some = next(iter(self.values()))
-            return torch.ones(some.shape[0], some.shape[-1], dtype=torch.long, device=some.device)[
-                key
-            ]
-        return super().__getitem__(key)
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        """The mask of a layer type; a tuple key (the older loss' ``[:, -n:]``) crops the
+        pack's ``[1, C]`` all-ones 2-D mask."""
+        if not isinstance(key, tuple):
+            return super().__getitem__(key)
+        if not self:
+            raise KeyError(f"an empty mask mapping has no 2-D mask to crop by {key!r}")
+        some = next(iter(self.values()))
+        ones = torch.ones(some.shape[0], some.shape[-1], dtype=torch.long, device=some.device)
+        return ones[key]
 
 
 def segment_ids(
@@ -104,8 +111,8 @@ def gemma3_mask_mapping(
     block_layers: tuple[str, ...] = ("full_attention", "sliding_attention"),
     window_cuts_blocks: bool | None = None,
 ) -> MaskMapping:
-    """The ``attention_mask`` mapping (a :class:`MaskMapping`) Gemma 3's (and Gemma 4's) forward reads, for one pack of
-    ``C`` tokens.
+    """The ``attention_mask`` mapping (a :class:`MaskMapping`) Gemma 3's (and Gemma 4's)
+    forward reads, for one pack of ``C`` tokens.
 
     ``block_layers``: the layer types whose image blocks are bidirectional (Gemma 4: only
     ``sliding_attention``; none where its ``use_bidirectional_attention`` is not
