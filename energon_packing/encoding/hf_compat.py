@@ -36,6 +36,7 @@ __all__ = [
     "backend_class",
     "check",
     "compile_chat_template",
+    "dotted",
     "fractional_time_interval",
     "gemma3_window_cuts_blocks",
     "gemma4_mask_rule",
@@ -44,6 +45,7 @@ __all__ = [
     "module_function",
     "number_of_features",
     "omni_audio_clips_apart",
+    "omni_audio_mixing",
     "omni_position_id_per_seconds",
     "pack_rules",
     "processor_media_api",
@@ -137,8 +139,9 @@ def _fail(what: str, error: BaseException | str) -> TransformersCompatError:
     )
 
 
-def _dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))
+def dotted(version: tuple[int, ...] | None) -> str:
+    """``(5, 12, 1)`` as ``"5.12.1"`` (None, no transformers: ``"none"``)."""
+    return "none" if version is None else ".".join(map(str, version))
 
 
 def processor_media_api(processor: Any = None) -> bool:
@@ -175,7 +178,7 @@ def processor_media_refusal(processor: Any, family: Any = None) -> str | None:
         f"get_text_with_replacements of its own and energon_packing knows no expansion rule of "
         f"this release for it (it knows one for eighteen families back to 5.5, "
         f"docs/compatibility.md): the processor path with images and videos needs a transformers "
-        f"release where {name} defines them (not before {_dotted(PROCESSOR_MEDIA_SINCE)}; the "
+        f"release where {name} defines them (not before {dotted(PROCESSOR_MEDIA_SINCE)}; the "
         f"later families are proven on the newest release CI runs); on this release use the "
         f"built-in layout (tokenizer=...) or a text processor, or upgrade transformers"
     )
@@ -375,6 +378,23 @@ def omni_audio_clips_apart(family: str) -> bool:
     return family != "qwen3_omni" or found is None or found >= OMNI_AUDIO_WINDOWS_SINCE
 
 
+def omni_audio_mixing(family: str) -> tuple[str, str] | None:
+    """``(what, fix)`` where the installed ``family`` audio encoder mixes the clips of one call
+    (:func:`omni_audio_clips_apart` false), the two halves of the line ``to_hf`` refuses a pack
+    with and the encoder's build warns with; None where it keeps them apart."""
+    if omni_audio_clips_apart(family):
+        return None
+    what = (
+        f"transformers {dotted(transformers_version())}: the {family} audio encoder lets every "
+        f"clip of a call attend to every other on sdpa and eager (only flash attention reads "
+        f"its windows)"
+    )
+    return (
+        what,
+        f"use transformers >= {dotted(OMNI_AUDIO_WINDOWS_SINCE)}, where the clips stay apart",
+    )
+
+
 def gemma4_mask_rule() -> str | None:
     """Which image-block mask the installed Gemma 4 builds (a ``use_bidirectional_attention``
     ``"vision"`` model): ``"vision_model"`` (``create_masks_for_vision_model``, 5.13+: the
@@ -385,10 +405,11 @@ def gemma4_mask_rule() -> str | None:
         from transformers.models.gemma4 import modeling_gemma4
     except ImportError:
         return None
-    for rule in ("create_masks_for_vision_model", "create_causal_mask_mapping"):
-        if hasattr(modeling_gemma4, rule):
-            return "vision_model" if rule == "create_masks_for_vision_model" else "causal_mapping"
-    return None
+    rules = {
+        "create_masks_for_vision_model": "vision_model",
+        "create_causal_mask_mapping": "causal_mapping",
+    }
+    return next((rule for name, rule in rules.items() if hasattr(modeling_gemma4, name)), None)
 
 
 def fractional_time_interval() -> bool:
@@ -448,9 +469,9 @@ def pack_rules() -> dict[str, Any]:
     per rule of :data:`PACK_RULES`, ``"<name> (since X.Y.Z)"``: whether it is in force (without
     transformers: the newest rules)."""
     found = transformers_version()
-    rules: dict[str, Any] = {"release": _dotted(found) if found else None}
+    rules: dict[str, Any] = {"release": dotted(found) if found else None}
     for name, since in PACK_RULES.items():
-        rules[f"{name} (since {_dotted(since)})"] = found is None or found >= since
+        rules[f"{name} (since {dotted(since)})"] = found is None or found >= since
     return rules
 
 

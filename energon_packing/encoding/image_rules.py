@@ -157,29 +157,13 @@ def ernie_moe_token_types(processor: Any, input_ids: list[list[int]]) -> list[li
     """ERNIE-4.5-VL's ``moe_mm_token_type_ids`` as its ``__call__`` writes them where the
     processor has no ``create_moe_mm_token_type_ids`` (before 5.19): image tokens and the image
     start/end tokens 1, video tokens and the video start/end tokens 2, text 0."""
-    kinds = (
-        (
-            1,
-            (
-                processor.image_token_id,
-                processor.image_start_token_id,
-                processor.image_end_token_id,
-            ),
-        ),
-        (
-            2,
-            (
-                processor.video_token_id,
-                processor.video_start_token_id,
-                processor.video_end_token_id,
-            ),
-        ),
-    )
+    image = (processor.image_token_id, processor.image_start_token_id, processor.image_end_token_id)
+    video = (processor.video_token_id, processor.video_start_token_id, processor.video_end_token_id)
     rows = []
     for ids in input_ids:
         ids = np.asarray(ids)
         types = np.zeros_like(ids)
-        for kind, tokens in kinds:
+        for kind, tokens in ((1, image), (2, video)):
             types[np.isin(ids, [t for t in tokens if t is not None])] = kind
         rows.append(types.tolist())
     return rows

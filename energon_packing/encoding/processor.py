@@ -172,16 +172,13 @@ class ProcessorChat:
         self.audio: AudioSide | None = None
         if self.family is not None and self.family.audio is not None:
             self.audio = AudioSide(processor, self.family.audio)
-            if not hf_compat.omni_audio_clips_apart(self.family.name):
+            mixing = hf_compat.omni_audio_mixing(self.family.name)
+            if mixing:  # the other trainers' paths never see the model: said once, here
                 logger.warning(
-                    "transformers %s: the %s audio encoder lets every clip of a call attend to "
-                    "every other on sdpa and eager (only flash attention reads its windows): a "
-                    "pack's clips from several conversations would hear each other's there; "
-                    "to_hf refuses such packs, and any other forward of them is not exact. "
-                    "Use transformers >= %s",
-                    ".".join(map(str, hf_compat.transformers_version() or ())),
-                    self.family.name,
-                    ".".join(map(str, hf_compat.OMNI_AUDIO_WINDOWS_SINCE)),
+                    "%s: a pack's clips from several conversations would hear each other's "
+                    "there; to_hf refuses such packs, and any other forward of them is not "
+                    "exact; %s",
+                    *mixing,
                 )
         self.mrope = None
         if self.family is not None and self.family.mrope:

@@ -287,9 +287,8 @@ class ImageSide:
             if make is None:
                 raise hf_compat.TransformersCompatError(
                     f"{type(self.processor).__name__} has no {method} on transformers "
-                    f"{'.'.join(map(str, hf_compat.transformers_version() or ()))} and "
-                    f"energon_packing knows no rule of "
-                    f"this release for its {name}: upgrade transformers"
+                    f"{hf_compat.dotted(hf_compat.transformers_version())} and energon_packing "
+                    f"knows no rule of this release for its {name}: upgrade transformers"
                 )
             for own, one in zip(fields, ids):
                 (row,) = make([np.asarray(one).tolist()])

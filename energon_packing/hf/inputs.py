@@ -242,9 +242,12 @@ def to_hf(
 
 def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, keys: list) -> None:
     """Raises where the installed release's audio encoder lets the clips of one call attend to
-    each other (:func:`~energon_packing.encoding.hf_compat.omni_audio_clips_apart`) and the
+    each other (:func:`~energon_packing.encoding.hf_compat.omni_audio_mixing`) and the
     pack holds clips of two conversations or more: each would hear the others'."""
-    if family is None or family.audio is None or hf_compat.omni_audio_clips_apart(family.name):
+    mixing = (
+        None if family is None or family.audio is None else hf_compat.omni_audio_mixing(family.name)
+    )
+    if mixing is None:
         return
     token = getattr(config, "audio_token_id", None)
     if token is None:
@@ -257,14 +260,10 @@ def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, key
         if bool((ids[a:b] == token).any())
     ]
     if len(hearing) > 1:
-        import transformers
-
+        what, fix = mixing
         raise ValueError(
-            f"to_hf: transformers {transformers.__version__}'s {family.name} audio encoder lets "
-            f"every clip of a call attend to every other on sdpa and eager (only flash attention "
-            f"reads its windows), and this pack holds clips of {len(hearing)} conversations "
-            f"({', '.join(map(str, hearing))}): each would hear the others'; use transformers >= "
-            f"{'.'.join(map(str, hf_compat.OMNI_AUDIO_WINDOWS_SINCE))}, where the clips stay apart"
+            f"to_hf: {what}, and this pack holds clips of {len(hearing)} conversations "
+            f"({', '.join(map(str, hearing))}): each would hear the others'; {fix}"
         )
 
 
