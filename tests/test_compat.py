@@ -194,3 +194,24 @@ def test_every_module_compiles_with_the_grammar_of(version):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == str(tuple(int(p) for p in version.split(".")))
+
+
+def test_a_rule_a_later_release_took_back_holds_only_between_the_two():
+    """Qwen3-VL keeps the template's vision pair around a video from 5.10.0 to 5.24.x: the rule
+    is in force there, not before, not from 5.25.0 on, nor without transformers (the newest
+    rules); the checkpoint key still names the release it came in with."""
+    in_force = {
+        release: hf_compat.rule_in_force("qwen3_video_keeps_markup", release)
+        for release in [(5, 9, 9), (5, 10, 0), (5, 24, 9), (5, 25, 0), (6, 0, 0), None]
+    }
+    assert in_force == {
+        (5, 9, 9): False,
+        (5, 10, 0): True,
+        (5, 24, 9): True,
+        (5, 25, 0): False,
+        (6, 0, 0): False,
+        None: False,
+    }
+    assert hf_compat.rule_in_force("video_frames_apart", None)
+    assert not hf_compat.rule_in_force("video_frames_apart", (5, 5, 4))
+    assert "qwen3_video_keeps_markup (since 5.10.0)" in hf_compat.pack_rules()

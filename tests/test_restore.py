@@ -131,8 +131,8 @@ def test_a_restore_under_other_transformers_rules_is_refused(saved_states, monke
     other = (5, 5, 4) if installed is None or installed >= (5, 6, 0) else (5, 24, 0)
     differing = next(
         rule
-        for rule, since in hf_compat.PACK_RULES.items()
-        if (other >= since) != (installed is None or installed >= since)
+        for rule in hf_compat.PACK_RULES
+        if hf_compat.rule_in_force(rule, other) != hf_compat.rule_in_force(rule, installed)
     )
     monkeypatch.setattr(hf_compat, "transformers_version", lambda: other)
     restored = _loader(PackingTaskEncoder(**knobs))

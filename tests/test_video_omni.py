@@ -419,11 +419,12 @@ def test_an_omni_processors_own_size_passes_over_its_video_processors():
 
 @pytest.mark.parametrize("family", AUDIO_FAMILIES)
 def test_an_omni_calls_max_video_tokens_is_refused_naming_the_knob(family):
-    """The Omni processors pass ``video_config`` in their call, and ``Qwen2VLVideoProcessor``'s
-    pixel cap reads its own ``max_video_tokens``, never the call's (``tests/test_video_real.py``
+    """The Omni processors pass ``video_config`` in their call, and before transformers 5.25
+    ``Qwen2VLVideoProcessor``'s pixel cap reads its own ``max_video_tokens``, never the call's (``tests/test_video_real.py``
     shows it on the real processor: a call's 16 makes the grid of its own 128000): a
     ``video_config`` one that differs is refused, naming the knob; the video processor's own
-    setting is taken. Qwen-VL's ``video_config`` is the video processor's settings: taken."""
+    setting is taken. Qwen-VL's ``video_config`` is the video processor's settings: taken; and
+    where the release's video processor reads the call's cap (5.25+), the Omni's is taken."""
     style = getattr(video_styles, family.upper())
     with pytest.raises(
         ValueError,
@@ -439,6 +440,11 @@ def test_an_omni_calls_max_video_tokens_is_refused_naming_the_knob(family):
         video_styles.QWEN2_5_VL, None, overrides={"max_video_tokens": 16}
     )
     assert qwen.max_video_tokens == 16
+    # transformers 5.25+: the call's cap is read, so it is taken
+    read = video_rules.VideoRule.of(
+        style, None, overrides={"max_video_tokens": 16}, reads_call_cap=True
+    )
+    assert read.max_video_tokens == 16
 
 
 @pytest.mark.parametrize("family", AUDIO_FAMILIES)

@@ -74,16 +74,15 @@ def sample(name: str) -> ConversationSample:
 #: whether the installed transformers positions videos as the one the references were recorded
 #: with (5.24); before 5.18 / 5.6 the installed model's own rule differs (docs/compatibility.md)
 RECORDED_RULES = hf_compat.fractional_time_interval() and hf_compat.video_frames_apart()
-#: before 5.10 Qwen3-VL's ``__call__`` replaces the template's ``<|vision_start|><|video_pad|>
-#: <|vision_end|>`` whole by the per-frame expansion (since, the pair stays around the frames)
-KEEPS_MARKUP = hf_compat.pack_rules()[
-    f"qwen3_video_keeps_markup (since {'.'.join(map(str, hf_compat.PROCESSOR_MEDIA_SINCE))})"
-]
+#: before 5.10 and since 5.25 Qwen3-VL's ``__call__`` replaces the template's
+#: ``<|vision_start|><|video_pad|><|vision_end|>`` whole by the per-frame expansion (5.10 to
+#: 5.24, the recording's, the pair stays around the frames)
+KEEPS_MARKUP = hf_compat.qwen3_video_keeps_markup()
 
 
 def recorded(family: str, name: str) -> dict:
     """The recorded (5.24) result, as the installed release's processor writes its ids: before
-    5.10 without Qwen3-VL's outer vision pair around each video (a start whose span holds
+    5.10 and since 5.25 without Qwen3-VL's outer vision pair around each video (a start whose span holds
     another start, and its end; ``test_qwen3_video_expansion_is_the_releases_own`` checks that
     rule against the release's own ``__call__``)."""
     expected = dict(PROCESSED["results"][family][name])
@@ -360,8 +359,8 @@ def test_qwen3_video_expansion_is_the_releases_own():
     """On every release: a video conversation's ids are what the installed Qwen3-VL
     processor's own ``__call__`` writes for that conversation's rendered text, given the
     conversation's grid and sampled frames (a stand-in for the video processor, which needs
-    torchvision: the video side is checked against the recording above). Before 5.10 the
-    release replaces the template's vision pair with the video; since, it keeps it."""
+    torchvision: the video side is checked against the recording above). Before 5.10 and since
+    5.25 the release replaces the template's vision pair with the video; between, it keeps it."""
     from types import SimpleNamespace
 
     te = encoder("qwen3_vl")

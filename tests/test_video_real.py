@@ -29,6 +29,7 @@ from helpers import loader_batches, make_dataset
 from test_video_omni import CONVERSATIONS, SMALL, _reference
 
 from energon_packing import PackingTaskEncoder
+from energon_packing.encoding import hf_compat
 from energon_packing.trainer import prepacked_microbatches
 
 transformers = pytest.importorskip("transformers")
@@ -223,25 +224,37 @@ def test_videos_through_the_loader_are_the_real_video_processors(
 
 
 @pytest.mark.parametrize("family", OMNI)
-def test_an_omni_calls_pixel_cap_budget_is_refused_as_the_real_processor_ignores_it(family):
-    """The Omni processors pass ``video_config`` in their call; ``Qwen2VLVideoProcessor``'s
-    pixel cap reads its own ``max_video_tokens``, never the call's: at a budget of 16 tokens
-    the real processor still makes 6x8 patches of the 160x120 clip (its own 128000), where
-    taking the call's would give 2x4. The task encoder refuses it, naming the knob; the video
-    processor's own setting is taken (the loader test above, qwen3_omni-13)."""
+def test_an_omni_calls_pixel_cap_budget_is_taken_where_the_real_processor_reads_it(family):
+    """The Omni processors pass ``video_config`` in their call. Before transformers 5.25
+    ``Qwen2VLVideoProcessor``'s pixel cap reads its own ``max_video_tokens``, never the
+    call's: at a budget of 16 tokens the real processor still makes 6x8 patches of the
+    160x120 clip (its own 128000), so the task encoder refuses it, naming the knob. From 5.25
+    it reads the call's (2x4 patches), and the task encoder takes it: the same grid and
+    pixels as the real processor's."""
     clip = DATA / "h264_160x120_24fps_3s.mp4"
     config = {"do_sample_frames": True, "fps": 2.0, "cap_pixels_per_frame": True, "size": SMALL}
     processor = _real(family, None)
-    for budget in (16, None):
+    reads = hf_compat.video_cap_from_call()
+    for budget, grid in ((16, [3, 2, 4] if reads else [3, 6, 8]), (None, [3, 6, 8])):
         call = {**config, **({"max_video_tokens": budget} if budget else {})}
         text = [processor.video_token]
         out = processor(text=text, videos=[str(clip)], return_tensors="pt", **call)
-        assert out["video_grid_thw"].tolist() == [[3, 6, 8]], budget
-    with pytest.raises(ValueError, match=r"^video_config\['max_video_tokens'\]=16: "):
-        PackingTaskEncoder(
-            max_input_seq_length=4096,
-            processor=processor,
-            video_config={**config, "max_video_tokens": 16},
-        )
+        assert out["video_grid_thw"].tolist() == [grid], budget
+        if budget and reads:
+            te = PackingTaskEncoder(
+                max_input_seq_length=4096, processor=processor, video_config=call
+            )
+            ours = te.chat.videos.media(clip.read_bytes())
+            assert ours["video_grid_thw"].tolist() == [grid]
+            assert torch.equal(
+                torch.from_numpy(ours["pixel_values_videos"]), out["pixel_values_videos"]
+            )
+    if not reads:
+        with pytest.raises(ValueError, match=r"^video_config\['max_video_tokens'\]=16: "):
+            PackingTaskEncoder(
+                max_input_seq_length=4096,
+                processor=processor,
+                video_config={**config, "max_video_tokens": 16},
+            )
     te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor, video_config=config)
     assert list(te.chat.videos.media(clip.read_bytes())["video_grid_thw"][0]) == [3, 6, 8]

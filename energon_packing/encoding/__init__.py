@@ -131,6 +131,7 @@ def _video_side(style: VideoStyle, settings: Any, config: PackingConfig) -> Vide
     """The layout's video side: the rule of video ``style`` (the family's) over ``settings`` (a video processor,
     its settings as a dict), under ``video_config`` and the video limits."""
     from energon_packing.config import knob
+    from energon_packing.encoding import hf_compat
     from energon_packing.media.video_rules import VideoRule
     from energon_packing.media.video_side import VideoSide
 
@@ -138,7 +139,12 @@ def _video_side(style: VideoStyle, settings: Any, config: PackingConfig) -> Vide
         return getattr(config, name, knob(name).default)
 
     return VideoSide(
-        VideoRule.of(style, settings, overrides=value("video_config")),
+        VideoRule.of(
+            style,
+            settings,
+            overrides=value("video_config"),
+            reads_call_cap=hf_compat.video_cap_from_call(),
+        ),
         max_frames=value("max_video_frames"),
         max_tokens=value("max_video_tokens"),
         max_pixels=value("max_image_pixels"),

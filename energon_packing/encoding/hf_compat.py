@@ -28,7 +28,9 @@ __all__ = [
     "PACK_RULES",
     "PROCESSOR_MEDIA_SINCE",
     "QWEN3_VIDEO_KEEPS_MARKUP_SINCE",
+    "QWEN3_VIDEO_KEEPS_MARKUP_UNTIL",
     "SUPPORTED",
+    "VIDEO_CAP_FROM_CALL_SINCE",
     "VIDEO_FRAMES_APART_SINCE",
     "TransformersCompatError",
     "alpha_on_white",
@@ -51,11 +53,14 @@ __all__ = [
     "processor_media_api",
     "processor_media_refusal",
     "processor_mixin",
+    "qwen3_video_keeps_markup",
     "require_processor_media",
     "returns_mm_token_types",
+    "rule_in_force",
     "smart_resize_of",
     "torchvision_available",
     "transformers_version",
+    "video_cap_from_call",
     "video_frames_apart",
 ]
 
@@ -97,15 +102,22 @@ VISION_TAKES_OWN_KWARGS_SINCE = (5, 18, 0)
 #: on (5.8.1 does not; the fix landed between the two)
 OMNI_AUDIO_WINDOWS_SINCE = (5, 12, 1)
 #: Qwen3-VL's processor replaces the template's ``<|vision_start|><|video_pad|><|vision_end|>``
-#: whole by a video's per-frame expansion before 5.10.0; since (``get_text_with_replacements``),
-#: only the video token, keeping the pair around the frames.
+#: whole by a video's per-frame expansion before 5.10.0; from 5.10.0 (the generic
+#: ``get_text_with_replacements``) only the video token, keeping the pair around the frames;
+#: from 5.25.0 (Qwen3-VL's own ``get_text_with_replacements``) the whole again.
 QWEN3_VIDEO_KEEPS_MARKUP_SINCE = PROCESSOR_MEDIA_SINCE
-#: The rules above that change what a pack holds (ids, pixels, positions, masks), by name: a
+QWEN3_VIDEO_KEEPS_MARKUP_UNTIL = (5, 25, 0)
+#: Qwen2-VL's and Qwen3-VL's video processors cap a frame's pixels by a call's
+#: ``max_video_tokens`` (before, by their own alone): an Omni processor, which passes
+#: ``video_config`` in its call, takes a ``video_config`` cap from this release on
+VIDEO_CAP_FROM_CALL_SINCE = (5, 25, 0)
+#: The rules above that change what a pack holds (ids, pixels, positions, masks), by name: the
+#: release it came in with, or ``(since, until)`` for one that a later release took back. A
 #: checkpoint records which were in force (:func:`pack_rules`) and a restore under other rules
 #: is refused, naming the rule and both releases.
-PACK_RULES = {
+PACK_RULES: dict[str, tuple] = {
     "video_frames_apart": VIDEO_FRAMES_APART_SINCE,
-    "qwen3_video_keeps_markup": QWEN3_VIDEO_KEEPS_MARKUP_SINCE,
+    "qwen3_video_keeps_markup": (QWEN3_VIDEO_KEEPS_MARKUP_SINCE, QWEN3_VIDEO_KEEPS_MARKUP_UNTIL),
     "fractional_time_interval": FRACTIONAL_TIME_INTERVAL_SINCE,
     "gemma3_window_cuts_blocks": GEMMA3_WINDOW_CUTS_BLOCKS_SINCE,
     "alpha_on_white": ALPHA_ON_WHITE_SINCE,
@@ -457,6 +469,13 @@ def gemma3_window_cuts_blocks() -> bool:
 
 
 @functools.cache
+def video_cap_from_call() -> bool:
+    """Whether the installed Qwen video processors read a call's ``max_video_tokens`` (5.25+;
+    also without transformers: the newest rule)."""
+    found = transformers_version()
+    return found is None or found >= VIDEO_CAP_FROM_CALL_SINCE
+
+
 def video_frames_apart() -> bool:
     """Whether the installed Qwen2-VL / Qwen2.5-VL position a video frame by frame (5.6+; also
     without transformers: the newest rule)."""
@@ -464,14 +483,33 @@ def video_frames_apart() -> bool:
     return found is None or found >= VIDEO_FRAMES_APART_SINCE
 
 
+def rule_in_force(name: str, release: tuple[int, int, int] | None) -> bool:
+    """Whether rule ``name`` of :data:`PACK_RULES` holds on ``release`` (None: no transformers,
+    the newest rules)."""
+    when = PACK_RULES[name]
+    since, until = when if isinstance(when[0], tuple) else (when, None)
+    if release is None:
+        return until is None
+    return release >= since and (until is None or release < until)
+
+
+def qwen3_video_keeps_markup() -> bool:
+    """Whether the installed Qwen3-VL processor keeps the template's vision pair around a
+    video's per-frame expansion (5.10 to 5.24) or replaces it with the expansion (before 5.10,
+    and since 5.25; also without transformers: the newest rule)."""
+    return rule_in_force("qwen3_video_keeps_markup", transformers_version())
+
+
 def pack_rules() -> dict[str, Any]:
     """The installed release (``"release"``: its version, None without transformers) and,
     per rule of :data:`PACK_RULES`, ``"<name> (since X.Y.Z)"``: whether it is in force (without
-    transformers: the newest rules)."""
+    transformers: the newest rules). The key names the release the rule came in with, also for
+    one a later release took back (a checkpoint saved before that compares under the same key)."""
     found = transformers_version()
     rules: dict[str, Any] = {"release": dotted(found) if found else None}
-    for name, since in PACK_RULES.items():
-        rules[f"{name} (since {dotted(since)})"] = found is None or found >= since
+    for name, when in PACK_RULES.items():
+        since = when[0] if isinstance(when[0], tuple) else when
+        rules[f"{name} (since {dotted(since)})"] = rule_in_force(name, found)
     return rules
 
 

@@ -181,7 +181,11 @@ def load_processor(path: str | Path) -> Any:
             "%s: building %s without its video processor (no torchvision)", path, class_name
         )
         try:
-            processor = image_only(processor_cls).from_pretrained(str(path), local_files_only=True)
+            # video_processor=None: a class whose own from_pretrained loads the video processor
+            # unless one is given (ERNIE-4.5-VL's, 5.25) would import torchvision for it
+            processor = image_only(processor_cls).from_pretrained(
+                str(path), local_files_only=True, video_processor=None
+            )
         except Exception as e:
             raise ValueError(
                 f"{path}: {class_name} (image-only: torchvision is not installed) does not "

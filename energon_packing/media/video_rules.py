@@ -96,13 +96,16 @@ class VideoRule:
         config: Mapping[str, Any] | Any = None,
         *,
         overrides: Mapping[str, Any] | None = None,
+        reads_call_cap: bool = False,
     ) -> VideoRule:
         """``style``'s defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
         ``overrides`` (``video_config``, the same names). The Omni processors pass their own
         ``size`` over their video processor's pixel bounds (only ``overrides`` pass over it)
         and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
-        default."""
+        default. ``reads_call_cap``: whether the video processor's pixel cap reads a call's
+        ``max_video_tokens`` (transformers 5.25+); before, an Omni's ``video_config`` one that
+        differs from the video processor's own is refused (its call passes it, unread)."""
         family = style.name
         values = dict(style.defaults)
         overrides = dict(overrides or {})
@@ -118,8 +121,9 @@ class VideoRule:
 
         omni = style.processor_size
         # an Omni processor passes video_config in its call, and Qwen2VLVideoProcessor's pixel
-        # cap reads its own max_video_tokens, never the call's
-        called_cap = overrides.pop("max_video_tokens", _MISSING) if omni else _MISSING
+        # cap reads its own max_video_tokens, not the call's, before transformers 5.25
+        unread = omni is not None and not reads_call_cap
+        called_cap = overrides.pop("max_video_tokens", _MISSING) if unread else _MISSING
         if omni is not None:  # the processor's size passes over the video processor's
             values.update(min_pixels=omni["min_pixels"], max_pixels=omni["max_pixels"])
         size = get("size")
@@ -177,8 +181,9 @@ class VideoRule:
                 f"video_config['max_video_tokens']={called_cap}: {family}'s processor passes "
                 f"video_config in its call, and its video processor (Qwen2VLVideoProcessor) caps "
                 f"a frame's pixels by its own max_video_tokens ({values['max_video_tokens']}), "
-                f"not the call's; set it in the video processor's settings "
-                f"(video_preprocessor_config.json), or leave it out of video_config"
+                f"not the call's (before transformers 5.25); set it in the video processor's "
+                f"settings (video_preprocessor_config.json), leave it out of video_config, or "
+                f"run transformers 5.25 or newer"
             )
         if omni is not None:
             fps = overrides.get("fps") or omni["fps"]
