@@ -468,7 +468,6 @@ def gemma3_window_cuts_blocks() -> bool:
     return found is None or found >= GEMMA3_WINDOW_CUTS_BLOCKS_SINCE
 
 
-@functools.cache
 def video_cap_from_call() -> bool:
     """Whether the installed Qwen video processors read a call's ``max_video_tokens`` (5.25+;
     also without transformers: the newest rule)."""
@@ -476,6 +475,7 @@ def video_cap_from_call() -> bool:
     return found is None or found >= VIDEO_CAP_FROM_CALL_SINCE
 
 
+@functools.cache
 def video_frames_apart() -> bool:
     """Whether the installed Qwen2-VL / Qwen2.5-VL position a video frame by frame (5.6+; also
     without transformers: the newest rule)."""

@@ -112,9 +112,32 @@ def _no_video_kwarg() -> type:
         def __init__(self, *args: Any, **kwargs: Any):
             if kwargs.get("video_processor", 0) is None:
                 del kwargs["video_processor"]
+            # a processor whose own __init__ passes its attributes on by position (the Omni
+            # ones: image, video, feature extractor, tokenizer) hands a None in the video
+            # slot, which would shift the rest onto the wrong attributes
+            own = type(self).__mro__[1]
+            if _own_init_before(type(self), NoVideoKwarg):
+                full = own.get_attributes()
+                slot = full.index("video_processor") if "video_processor" in full else -1
+                if 0 <= slot < len(args) and args[slot] is None:
+                    args = args[:slot] + args[slot + 1 :]
             super().__init__(*args, **kwargs)
 
     return NoVideoKwarg
+
+
+def _own_init_before(cls: type, base: type) -> bool:
+    """Whether a class of ``cls``'s MRO before ``base`` defines ``__init__`` (so the arguments
+    reaching ``base`` are laid out by that ``__init__``, not by the image-only attributes)."""
+    mro = cls.__mro__
+    return any("__init__" in vars(k) for k in mro[: mro.index(base)])
+
+
+def _own_from_pretrained(cls: type) -> bool:
+    """Whether ``cls`` (or a base before ``ProcessorMixin``) defines ``from_pretrained``."""
+    mixin = hf_compat.processor_mixin()
+    mro = cls.__mro__
+    return any("from_pretrained" in vars(k) for k in mro[: mro.index(mixin)])
 
 
 def __getattr__(name: str) -> type:
@@ -181,10 +204,12 @@ def load_processor(path: str | Path) -> Any:
             "%s: building %s without its video processor (no torchvision)", path, class_name
         )
         try:
-            # video_processor=None: a class whose own from_pretrained loads the video processor
-            # unless one is given (ERNIE-4.5-VL's, 5.25) would import torchvision for it
+            # video_processor=None where the class has its own from_pretrained, which loads the
+            # video processor unless one is given (ERNIE-4.5-VL's, 5.25: it imports
+            # torchvision); elsewhere the keyword would take a positional slot (before 5.25)
+            given = {"video_processor": None} if _own_from_pretrained(processor_cls) else {}
             processor = image_only(processor_cls).from_pretrained(
-                str(path), local_files_only=True, video_processor=None
+                str(path), local_files_only=True, **given
             )
         except Exception as e:
             raise ValueError(
