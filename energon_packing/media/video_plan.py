@@ -58,8 +58,9 @@ class VideoPlan:
         """What the processor puts in place of the video's one ``video_token`` in the rendered
         chat template (which wraps it in ``vision_start`` / ``vision_end`` itself): Qwen2/2.5
         repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
-        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch (5.24 keeps
-        the template's outer pair around them)."""
+        ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch
+        (transformers 5.10-5.24 keep the template's outer pair around them; before and since,
+        the release replaces the pair with them: ``hf_compat.qwen3_video_keeps_markup``)."""
         t, h, w = self.grid
         per_patch = h * w // (self.merge_size * self.merge_size)
         if not self.style.timed_patches:
