@@ -483,11 +483,16 @@ def video_frames_apart() -> bool:
     return found is None or found >= VIDEO_FRAMES_APART_SINCE
 
 
+def _window(name: str) -> tuple[tuple[int, int, int], tuple[int, int, int] | None]:
+    """``(since, until)`` of rule ``name`` of :data:`PACK_RULES` (until None: still in force)."""
+    when = PACK_RULES[name]
+    return when if isinstance(when[0], tuple) else (when, None)
+
+
 def rule_in_force(name: str, release: tuple[int, int, int] | None) -> bool:
     """Whether rule ``name`` of :data:`PACK_RULES` holds on ``release`` (None: no transformers,
     the newest rules)."""
-    when = PACK_RULES[name]
-    since, until = when if isinstance(when[0], tuple) else (when, None)
+    since, until = _window(name)
     if release is None:
         return until is None
     return release >= since and (until is None or release < until)
@@ -507,9 +512,8 @@ def pack_rules() -> dict[str, Any]:
     one a later release took back (a checkpoint saved before that compares under the same key)."""
     found = transformers_version()
     rules: dict[str, Any] = {"release": dotted(found) if found else None}
-    for name, when in PACK_RULES.items():
-        since = when[0] if isinstance(when[0], tuple) else when
-        rules[f"{name} (since {dotted(since)})"] = rule_in_force(name, found)
+    for name in PACK_RULES:
+        rules[f"{name} (since {dotted(_window(name)[0])})"] = rule_in_force(name, found)
     return rules
 
 

@@ -115,9 +115,8 @@ def _no_video_kwarg() -> type:
             # a processor whose own __init__ passes its attributes on by position (the Omni
             # ones: image, video, feature extractor, tokenizer) hands a None in the video
             # slot, which would shift the rest onto the wrong attributes
-            own = type(self).__mro__[1]
-            if _own_init_before(type(self), NoVideoKwarg):
-                full = own.get_attributes()
+            if _defined_before(type(self), "__init__", NoVideoKwarg):
+                full = type(self).__mro__[1].get_attributes()  # the class image_only wraps
                 slot = full.index("video_processor") if "video_processor" in full else -1
                 if 0 <= slot < len(args) and args[slot] is None:
                     args = args[:slot] + args[slot + 1 :]
@@ -126,18 +125,12 @@ def _no_video_kwarg() -> type:
     return NoVideoKwarg
 
 
-def _own_init_before(cls: type, base: type) -> bool:
-    """Whether a class of ``cls``'s MRO before ``base`` defines ``__init__`` (so the arguments
-    reaching ``base`` are laid out by that ``__init__``, not by the image-only attributes)."""
+def _defined_before(cls: type, attribute: str, base: type) -> bool:
+    """Whether a class of ``cls``'s MRO before ``base`` defines ``attribute`` itself: for
+    ``__init__``, the arguments reaching ``base`` are laid out by that ``__init__``, not by the
+    image-only attributes; for ``from_pretrained``, the class loads its parts its own way."""
     mro = cls.__mro__
-    return any("__init__" in vars(k) for k in mro[: mro.index(base)])
-
-
-def _own_from_pretrained(cls: type) -> bool:
-    """Whether ``cls`` (or a base before ``ProcessorMixin``) defines ``from_pretrained``."""
-    mixin = hf_compat.processor_mixin()
-    mro = cls.__mro__
-    return any("from_pretrained" in vars(k) for k in mro[: mro.index(mixin)])
+    return any(attribute in vars(k) for k in mro[: mro.index(base)])
 
 
 def __getattr__(name: str) -> type:
@@ -207,7 +200,8 @@ def load_processor(path: str | Path) -> Any:
             # video_processor=None where the class has its own from_pretrained, which loads the
             # video processor unless one is given (ERNIE-4.5-VL's, 5.25: it imports
             # torchvision); elsewhere the keyword would take a positional slot (before 5.25)
-            given = {"video_processor": None} if _own_from_pretrained(processor_cls) else {}
+            own = _defined_before(processor_cls, "from_pretrained", hf_compat.processor_mixin())
+            given = {"video_processor": None} if own else {}
             processor = image_only(processor_cls).from_pretrained(
                 str(path), local_files_only=True, **given
             )
