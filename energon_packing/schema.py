@@ -402,9 +402,9 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
 
-    Inside a ``DataLoader`` worker the batch's tensors are laid out in shared memory, the small
-    ones as views of one buffer per dtype (:func:`_shared`): the handoff to the main process
-    then moves a few storages per batch instead of one per tensor.
+    Inside a ``DataLoader`` worker the batch is a :class:`WorkerBatch` (:func:`_shared`): its
+    small tensors cross to the main process inline and only those of at least
+    :data:`OWN_STORAGE_BYTES` in shared memory, so a text batch passes no file descriptor.
     """
     import torch
 
@@ -414,54 +414,86 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     return batch
 
 
-#: A tensor of at least this many bytes gets a shared-memory storage of its own (its copy
-#: outweighs one more storage to hand over; a consumer keeping it keeps nothing else alive).
+#: A tensor of at least this many bytes crosses to the main process in shared memory, on a
+#: storage of its own; smaller ones cross inline, as bytes in the pickle (their copy costs less
+#: than a storage's file descriptor: ``benchmarks/handoff.py``).
 OWN_STORAGE_BYTES = 1 << 20
 
 
-def _shared(batch: dict[str, Any]) -> dict[str, Any]:
-    """``batch`` with every non-empty tensor (top level or in a per-pack list) moved to shared
-    memory: those under :data:`OWN_STORAGE_BYTES` as contiguous views of one buffer per dtype
-    (so ``torch.save`` of the batch works: every view has its storage's dtype), larger ones
-    each on their own. Values, dtypes and shapes are unchanged.
+class WorkerBatch(dict):
+    """A batch made in a DataLoader worker. Pickled (the handoff to the main process), it
+    carries its tensors under :data:`OWN_STORAGE_BYTES` inline as bytes, not in shared memory:
+    each shared storage costs a file descriptor passed through a socket (a connection, an
+    authentication and an mmap, on both sides). It unpickles as a plain ``dict`` of plain
+    tensors, value for value the batch."""
 
-    A DataLoader worker would move each tensor to shared memory anyway when handing the batch
-    over; each storage costs a file descriptor passed through a socket (a connection, an
-    authentication and an mmap, on both sides; ``benchmarks/handoff.py``)."""
+    __slots__ = ()
+
+    def __copy__(self) -> WorkerBatch:
+        # torch's default_convert (a DataLoader with batch_size=None, as Energon's) copies a
+        # mapping with copy.copy; without this the copy would go through __reduce__ as a dict
+        return WorkerBatch(self)
+
+    def __reduce__(self):
+        items = [
+            (key, [_inline(v) for v in value] if isinstance(value, list) else _inline(value))
+            for key, value in self.items()
+        ]
+        return (dict, (), None, None, iter(items))
+
+
+class _Inline:
+    """A small tensor that pickles as its bytes, dtype and shape."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any):
+        self.tensor = tensor
+
+    def __reduce__(self):
+        import torch
+
+        t = self.tensor.contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return (_tensor_from_bytes, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+
+
+def _inline(value: Any) -> Any:
     import torch
 
-    out = {key: list(value) if isinstance(value, list) else value for key, value in batch.items()}
-    places = [(key, None) for key, value in out.items() if isinstance(value, torch.Tensor)]
-    places += [
-        (key, i)
-        for key, value in out.items()
-        if isinstance(value, list)
-        for i, item in enumerate(value)
-        if isinstance(item, torch.Tensor)
-    ]
-    small: dict[Any, list[tuple[str, int | None]]] = {}
-    for key, index in places:
-        tensor = out[key] if index is None else out[key][index]
-        nbytes = tensor.numel() * tensor.element_size()
-        if not nbytes:
-            continue  # an empty storage is handed over without shared memory
-        if nbytes < OWN_STORAGE_BYTES:
-            small.setdefault(tensor.dtype, []).append((key, index))
-            continue
-        if tensor.untyped_storage().nbytes() != nbytes or not tensor.is_contiguous():
-            tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
-        _put(out, key, index, tensor.share_memory_())  # one copy, as the handoff makes
-    for dtype, group in small.items():
-        tensors = [out[key] if index is None else out[key][index] for key, index in group]
-        # public API: share_memory_ of the still empty buffer (allocated in shared memory), then
-        # each view written once, in place
-        buffer = torch.empty(sum(t.numel() for t in tensors), dtype=dtype).share_memory_()
-        offset = 0
-        for (key, index), tensor in zip(group, tensors, strict=True):
-            view = buffer[offset : offset + tensor.numel()].view(tensor.shape)
-            view.copy_(tensor)
-            _put(out, key, index, view)
-            offset += tensor.numel()
+    if isinstance(value, torch.Tensor) and value.numel() * value.element_size() < OWN_STORAGE_BYTES:
+        return _Inline(value)
+    return value
+
+
+def _tensor_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
+    """The tensor :class:`_Inline` pickled: writable, on a storage of its own."""
+    import torch
+
+    kind = getattr(torch, dtype)
+    if not raw:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(kind).view(shape)
+
+
+def _shared(batch: dict[str, Any]) -> WorkerBatch:
+    """``batch`` as a :class:`WorkerBatch`, its tensors of at least :data:`OWN_STORAGE_BYTES`
+    moved to shared memory, each on a storage of exactly its bytes (one copy, as the handoff
+    would make). Values, dtypes and shapes are unchanged."""
+    import torch
+
+    out = WorkerBatch(
+        (key, list(value) if isinstance(value, list) else value) for key, value in batch.items()
+    )
+    for key, value in out.items():
+        for index, tensor in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if tensor.numel() * tensor.element_size() < OWN_STORAGE_BYTES:
+                continue  # crosses inline
+            if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
+                tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
+            _put(out, key, index, tensor.share_memory_())
     return out
 
 

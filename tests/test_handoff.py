@@ -1,12 +1,16 @@
-"""The worker handoff (issue 34 item 3): inside a DataLoader worker ``collate`` lays a batch's
-tensors out in shared memory, the small ones as views of one buffer per dtype, so a batch
-crosses to the main process as a few storages; the batch is the main process's collate value
-for value, and ``torch.save`` / ``torch.load`` of it works (every view has its storage's dtype).
+"""The worker handoff (issue 34 item 3): inside a DataLoader worker ``collate`` gives a
+:class:`WorkerBatch`, whose tensors under ``OWN_STORAGE_BYTES`` cross to the main process inline
+(bytes in the pickle, no shared memory, no file descriptor) and the larger ones in shared memory,
+a storage each; the main process gets a plain dict, the main process's collate value for value,
+and ``torch.save`` / ``torch.load`` of it works.
 """
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.encoding.positions import MRope
-from energon_packing.schema import OWN_STORAGE_BYTES, collate, layout
+from energon_packing.schema import OWN_STORAGE_BYTES, WorkerBatch, collate, layout
 
 SAMPLE_DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "sample_data"
 
@@ -68,40 +72,37 @@ def assert_same_batch(got: dict, want: dict) -> None:
             assert got[key] == value, key
 
 
-def storages(batch: dict) -> dict[int, torch.dtype]:
-    """The distinct non-empty storages of a batch's tensors, each with its views' dtype (one
-    dtype per storage, or the assertion fails)."""
-    seen: dict[int, torch.dtype] = {}
-    for place, t in tensors(batch).items():
-        if t.numel():
-            ptr = t.untyped_storage().data_ptr()
-            assert seen.setdefault(ptr, t.dtype) == t.dtype, place
-    return seen
-
-
 @pytest.fixture
 def in_a_worker(monkeypatch):
     """``collate`` as a DataLoader worker runs it."""
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
 
 
+def handed_over(batch):
+    """``batch`` as the main process unpickles it from a worker's queue."""
+    return pickle.loads(ForkingPickler.dumps(batch))
+
+
 @pytest.mark.parametrize("prepacked", [True, False])
 @pytest.mark.parametrize("mrope", [True, False])
-def test_a_workers_batch_is_the_main_batch_in_one_shared_buffer_per_dtype(
-    prepacked, mrope, monkeypatch
-):
-    """Value for value the main process's collate (dtype, shape, contiguous); every non-empty
-    tensor in shared memory, the small ones in one storage per dtype: 4 storages (int64,
-    float32, int32, bool) where the main process has one per tensor."""
+def test_a_workers_batch_crosses_inline_as_the_main_batch(prepacked, mrope, monkeypatch):
+    """Value for value the main process's collate (dtype, shape, contiguous), before and after
+    the handoff; no small tensor goes to shared memory, so no storage is reduced (no file
+    descriptor) and the main process gets a plain dict of writable tensors."""
     main = collate(packs(mrope=mrope), prepacked=prepacked)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
     worker = collate(packs(mrope=mrope), prepacked=prepacked)
+    assert type(worker) is WorkerBatch
     assert_same_batch(worker, main)
-    assert all(t.is_shared() for t in tensors(worker).values() if t.numel())
-    kinds = {torch.int64, torch.float32, torch.int32, torch.bool}
-    assert sorted(map(str, storages(worker).values())) == sorted(map(str, kinds))
-    assert len(storages(main)) > len(kinds)
-    assert not any(t.is_shared() for t in tensors(main).values())
+    assert not any(t.is_shared() for t in tensors(worker).values())
+    reduced = []
+    monkeypatch.setattr(reductions, "reduce_storage", lambda *a: reduced.append(a))
+    got = handed_over(worker)
+    assert reduced == [] and type(got) is dict
+    assert_same_batch(got, main)
+    got["token_mask"][0, 0] = 7.0  # writable, and its own memory
+    assert main["token_mask"][0, 0] != 7.0
+    assert type(copy.copy(worker)) is WorkerBatch  # torch's default_convert copies it
 
 
 def test_a_large_tensor_gets_a_storage_of_its_own(in_a_worker):
@@ -116,13 +117,15 @@ def test_a_large_tensor_gets_a_storage_of_its_own(in_a_worker):
     assert big.is_shared() and big.untyped_storage().nbytes() == pixels.nbytes
     assert big.untyped_storage().data_ptr() != batch["token_mask"].untyped_storage().data_ptr()
     assert torch.equal(big, torch.from_numpy(before)) and np.array_equal(pixels, before)
-    assert len(storages(batch)) == 5  # int64, float32, int32, bool + the pixels
+    assert [t for t in tensors(batch).values() if t.is_shared()] == [big]
+    got = handed_over(batch)
+    assert got["pixel_values"][0].is_shared() and torch.equal(got["pixel_values"][0], big)
 
 
 def test_a_workers_batch_survives_torch_save_and_load(in_a_worker):
-    """torch.save refuses views of one storage as different dtypes; one buffer per dtype
-    saves, and loads (weights_only) as the same batch."""
-    batch = collate(packs())
+    """A worker's batch, and what the main process gets of it, save and load (weights_only) as
+    the same batch."""
+    batch = handed_over(collate(packs()))
     buffer = io.BytesIO()
     torch.save(batch, buffer)
     buffer.seek(0)
@@ -144,10 +147,11 @@ class Collated(IterableDataset):
             yield collate(packs(big=self.big))
 
 
-def test_two_workers_hand_over_one_storage_per_dtype(monkeypatch):
-    """Through a real 2-worker DataLoader: each batch arrives as 4 shared-memory storages (4
-    file descriptors; a per-tensor collate passes one per tensor), equals the main process's collate,
-    and saves and loads with torch.save / torch.load."""
+@pytest.mark.parametrize("big", [False, True])
+def test_two_workers_hand_over_only_large_tensors_in_shared_memory(big, monkeypatch):
+    """Through a real 2-worker DataLoader: a batch of small tensors passes no file descriptor
+    (a per-tensor handoff passes one per tensor), pixels of >= 1 MiB one; each batch equals the
+    main process's collate and saves and loads with torch.save / torch.load."""
     received = []
     rebuild = reductions.rebuild_storage_fd
 
@@ -155,15 +159,15 @@ def test_two_workers_hand_over_one_storage_per_dtype(monkeypatch):
         received.append(1)
         return rebuild(*args)
 
-    batches = iter(DataLoader(Collated(3), batch_size=None, num_workers=2))
+    batches = iter(DataLoader(Collated(3, big=big), batch_size=None, num_workers=2))
     # patched once the workers are forked: a worker pickles the rebuild function by name
     monkeypatch.setattr(reductions, "rebuild_storage_fd", counted)
     batches = list(batches)
-    assert len(batches) == 6 and len(received) == 6 * 4
-    want = collate(packs())
+    assert len(batches) == 6 and len(received) == (6 if big else 0)
+    want = collate(packs(big=big))
     for batch in batches:
+        assert type(batch) is dict
         assert_same_batch(batch, want)
-        assert len(storages(batch)) == 4
         buffer = io.BytesIO()
         torch.save(batch, buffer)
         buffer.seek(0)
@@ -171,19 +175,17 @@ def test_two_workers_hand_over_one_storage_per_dtype(monkeypatch):
 
 
 def test_a_loader_batch_from_two_workers_saves_and_loads():
-    """The real Energon loader with 2 workers over the bundled sample data: every batch's
-    tensors are in shared memory, one storage per dtype (pixels of >= 1 MiB on their own),
-    and torch.save / torch.load (weights_only) give the batch back."""
+    """The real Energon loader with 2 workers over the bundled sample data: a plain dict whose
+    tensors are in shared memory only where they hold >= 1 MiB, and torch.save / torch.load
+    (weights_only) give the batch back."""
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096)
     seen = 0
     for batch in loader_batches(SAMPLE_DATA, te, buffer=8, workers=2):
         if not len(batch["source_ids"]):
             continue
-        found = storages(batch)
-        big = sum(
-            t.numel() * t.element_size() >= OWN_STORAGE_BYTES for t in tensors(batch).values()
-        )
-        assert len(found) == len(set(found.values())) + big
+        assert type(batch) is dict
+        for place, t in tensors(batch).items():
+            assert t.is_shared() == (t.numel() * t.element_size() >= OWN_STORAGE_BYTES), place
         buffer = io.BytesIO()
         torch.save(batch, buffer)
         buffer.seek(0)
