@@ -9,8 +9,7 @@ Batches: one real loader batch of the bundled sample data (``PackingTaskEncoder(
 tensor or to the metadata alone (``source_ids``, ``packing_metrics``, restore keys), and, as
 the loader builds them (``collate``), by ``schema.collate`` of the batch's packs in the worker
 (``image``/``text``: a ``WorkerBatch``, small tensors inline, pixels of >= 1 MiB in shared
-memory). Every batch is a fresh copy (as a
-worker makes one per pack). Rounds are interleaved; per variant:
+memory). Every batch is a fresh copy (as a worker makes one per pack). Rounds are interleaved; per variant:
 CPU seconds per 1,000 batches (main process + workers) with 0 and 2 workers, their difference
 (the handoff) and its ratio. Usage: ``python benchmarks/handoff.py [--batches 1000]
 [--rounds 3] [--only collate] [--sharing file_system]``.

@@ -458,12 +458,15 @@ class _Inline:
         return (_tensor_from_bytes, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
 
 
-def _inline(value: Any) -> Any:
+def _crosses_inline(value: Any) -> bool:
+    """Whether ``value`` is a tensor under :data:`OWN_STORAGE_BYTES` (pickled as bytes)."""
     import torch
 
-    if isinstance(value, torch.Tensor) and value.numel() * value.element_size() < OWN_STORAGE_BYTES:
-        return _Inline(value)
-    return value
+    return isinstance(value, torch.Tensor) and value.nbytes < OWN_STORAGE_BYTES
+
+
+def _inline(value: Any) -> Any:
+    return _Inline(value) if _crosses_inline(value) else value
 
 
 def _tensor_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -487,10 +490,8 @@ def _shared(batch: dict[str, Any]) -> WorkerBatch:
     )
     for key, value in out.items():
         for index, tensor in enumerate(value) if isinstance(value, list) else [(None, value)]:
-            if not isinstance(tensor, torch.Tensor):
+            if not isinstance(tensor, torch.Tensor) or _crosses_inline(tensor):
                 continue
-            if tensor.numel() * tensor.element_size() < OWN_STORAGE_BYTES:
-                continue  # crosses inline
             if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
                 tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
             _put(out, key, index, tensor.share_memory_())
