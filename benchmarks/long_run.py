@@ -13,7 +13,10 @@ counts pages shared with the main process in each worker) and the CPU seconds th
 (main ``time.process_time`` plus the workers' utime + stime). Target: flat, i.e. the RSS slope
 over the windows after the first epoch ~0 MiB per 1,000 packs and CPU last/first window
 within 1.3x. Usage:
-``python benchmarks/long_run.py [--conversations 5000] [--epochs 10] [--workers 0 2]``
+``python benchmarks/long_run.py [--conversations 5000] [--epochs 10] [--workers 0 2]
+[--rounds 3]`` (``--rounds``: the settings run this often, interleaved; each ratio to 0 workers
+is taken within a round and its median printed, as one run swings by +-20 % on a shared
+machine).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -205,6 +209,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=WINDOW, help="packs per measurement")
     parser.add_argument("--min-windows", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="the worker settings this often, interleaved"
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -218,7 +225,7 @@ def main() -> None:
         )
         return
     start = time.perf_counter()
-    cpu: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mix in args.mixes:
             if mix == "text":
@@ -231,20 +238,33 @@ def main() -> None:
                 f" >= {args.epochs} epochs and >= {args.min_windows} windows of {args.window} packs, "
                 f"packs of 4096 tokens, carry=True, packing buffer 256, batch size 1"
             )
-            for workers in args.workers:
-                cpu[mix, workers] = run(path, workers, conversations, args)
+            for k in range(args.rounds):
+                if args.rounds > 1:
+                    print(f"\n-- round {k + 1} of {args.rounds}")
+                for workers in args.workers:
+                    cpu.setdefault((mix, workers), []).append(
+                        run(path, workers, conversations, args)
+                    )
     if 0 in args.workers:
-        print("\nCPU s per 1,000 packs after the first window (main + workers)")
+        # each round's settings ran back to back: the ratio is taken within a round (the
+        # machine's speed drifts between rounds), its median over the rounds reported
+        print(
+            f"\nCPU s per 1,000 packs after the first window (main + workers; medians of "
+            f"{args.rounds} interleaved round(s))"
+        )
         print(
             f"{'mix':<8}"
             + "".join(f"{f'{w} workers':>11}" for w in args.workers)
-            + "   ratio vs 0 (target <= 1.2)"
+            + "   ratio vs 0, median (per round) (target <= 1.2)"
         )
         for mix in args.mixes:
-            none = cpu[mix, 0]
-            line = "".join(f"{cpu[mix, w]:>11.2f}" for w in args.workers)
-            ratios = ", ".join(f"{cpu[mix, w] / none:.2f}" for w in args.workers if w)
-            print(f"{mix:<8}{line}   {ratios}")
+            line = "".join(f"{statistics.median(cpu[mix, w]):>11.2f}" for w in args.workers)
+            ratios = []
+            for w in (w for w in args.workers if w):
+                each = [c / none for c, none in zip(cpu[mix, w], cpu[mix, 0])]
+                per = ", ".join(f"{r:.2f}" for r in each)
+                ratios.append(f"{statistics.median(each):.2f} ({per})")
+            print(f"{mix:<8}{line}   {'; '.join(ratios)}")
         print(f"baseline (issue 34, text): {BASELINE}")
     print(f"\ntotal wall time {time.perf_counter() - start:.0f} s")
 

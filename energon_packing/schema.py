@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from energon_packing import handoff
 from energon_packing.packing.algorithms import round_up
 
 __all__ = [
@@ -273,7 +274,10 @@ def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
         parts = [
             np.pad(p, [(0, 0), *((0, w - s) for s, w in zip(p.shape[1:], widest))]) for p in parts
         ]
-    return np.concatenate(parts)
+    # in a worker, large media are written where they cross to the main process
+    shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+    out = handoff.media_buffer(shape, np.result_type(*parts))
+    return np.concatenate(parts, out=out)
 
 
 def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
@@ -402,107 +406,12 @@ def collate(packs: Sequence[Pack], *, prepacked: bool = True) -> dict[str, Any]:
     present). ``prepacked=False``: ordinary padded rows of one source each (``input_lengths`` =
     the real length, no boundary keys), what trainer-side packing consumes.
 
-    Inside a ``DataLoader`` worker the batch is a :class:`WorkerBatch` (:func:`_shared`): its
-    small tensors cross to the main process inline and only those of at least
-    :data:`OWN_STORAGE_BYTES` in shared memory, so a text batch passes no file descriptor.
+    Inside a ``DataLoader`` worker the batch is a :class:`~energon_packing.handoff.WorkerBatch`:
+    its small tensors cross to the main process inline, only those of at least
+    ``OWN_STORAGE_BYTES`` in shared memory (:mod:`energon_packing.handoff`).
     """
-    import torch
-
     batch = _collate(packs, prepacked=prepacked)
-    if torch.utils.data.get_worker_info() is not None:
-        return _shared(batch)
-    return batch
-
-
-#: A tensor of at least this many bytes crosses to the main process in shared memory, on a
-#: storage of its own; smaller ones cross inline, as bytes in the pickle (their copy costs less
-#: than a storage's file descriptor: ``benchmarks/handoff.py``).
-OWN_STORAGE_BYTES = 1 << 20
-
-
-class WorkerBatch(dict):
-    """A batch made in a DataLoader worker. Pickled (the handoff to the main process), it
-    carries its tensors under :data:`OWN_STORAGE_BYTES` inline as bytes, not in shared memory:
-    each shared storage costs a file descriptor passed through a socket (a connection, an
-    authentication and an mmap, on both sides). It unpickles as a plain ``dict`` of plain
-    tensors, value for value the batch."""
-
-    __slots__ = ()
-
-    def __copy__(self) -> WorkerBatch:
-        # torch's default_convert (a DataLoader with batch_size=None, as Energon's) copies a
-        # mapping with copy.copy; without this the copy would go through __reduce__ as a dict
-        return WorkerBatch(self)
-
-    def __reduce__(self):
-        items = [
-            (key, [_inline(v) for v in value] if isinstance(value, list) else _inline(value))
-            for key, value in self.items()
-        ]
-        return (dict, (), None, None, iter(items))
-
-
-class _Inline:
-    """A small tensor that pickles as its bytes, dtype and shape."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: Any):
-        self.tensor = tensor
-
-    def __reduce__(self):
-        import torch
-
-        t = self.tensor.contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return (_tensor_from_bytes, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-
-
-def _crosses_inline(value: Any) -> bool:
-    """Whether ``value`` is a tensor under :data:`OWN_STORAGE_BYTES` (pickled as bytes)."""
-    import torch
-
-    return isinstance(value, torch.Tensor) and value.nbytes < OWN_STORAGE_BYTES
-
-
-def _inline(value: Any) -> Any:
-    return _Inline(value) if _crosses_inline(value) else value
-
-
-def _tensor_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
-    """The tensor :class:`_Inline` pickled: writable, on a storage of its own."""
-    import torch
-
-    kind = getattr(torch, dtype)
-    if not raw:
-        return torch.empty(shape, dtype=kind)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(kind).view(shape)
-
-
-def _shared(batch: dict[str, Any]) -> WorkerBatch:
-    """``batch`` as a :class:`WorkerBatch`, its tensors of at least :data:`OWN_STORAGE_BYTES`
-    moved to shared memory, each on a storage of exactly its bytes (one copy, as the handoff
-    would make). Values, dtypes and shapes are unchanged."""
-    import torch
-
-    out = WorkerBatch(
-        (key, list(value) if isinstance(value, list) else value) for key, value in batch.items()
-    )
-    for key, value in out.items():
-        for index, tensor in enumerate(value) if isinstance(value, list) else [(None, value)]:
-            if not isinstance(tensor, torch.Tensor) or _crosses_inline(tensor):
-                continue
-            if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
-                tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
-            _put(out, key, index, tensor.share_memory_())
-    return out
-
-
-def _put(batch: dict[str, Any], key: str, index: int | None, tensor: Any) -> None:
-    if index is None:
-        batch[key] = tensor
-    else:
-        batch[key][index] = tensor
+    return handoff.shared(batch) if handoff.in_worker() else batch
 
 
 def _collate(packs: Sequence[Pack], *, prepacked: bool) -> dict[str, Any]:
@@ -544,7 +453,7 @@ def _collate(packs: Sequence[Pack], *, prepacked: bool) -> dict[str, Any]:
     for name in dict.fromkeys(name for p in packs for name in p.media):
         like = next(p.media[name] for p in packs if name in p.media)
         empty = np.zeros((0, *like.shape[1:]), dtype=like.dtype)  # a pack without this media
-        batch[name] = [torch.from_numpy(p.media.get(name, empty)) for p in packs]
+        batch[name] = [handoff.to_tensor(p.media.get(name, empty)) for p in packs]
     return batch
 
 

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.encoding.positions import MRope
-from energon_packing.schema import OWN_STORAGE_BYTES, WorkerBatch, collate, layout
+from energon_packing.handoff import OWN_STORAGE_BYTES, WorkerBatch
+from energon_packing.schema import collate, layout
 
 SAMPLE_DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "sample_data"
 
@@ -120,6 +121,52 @@ def test_a_large_tensor_gets_a_storage_of_its_own(in_a_worker):
     assert [t for t in tensors(batch).values() if t.is_shared()] == [big]
     got = handed_over(batch)
     assert got["pixel_values"][0].is_shared() and torch.equal(got["pixel_values"][0], big)
+
+
+def big_sources():
+    """Three sources whose pixels (of different dtypes and trailing widths: padded and promoted
+    as a processor batch is) join to >= OWN_STORAGE_BYTES, none of them that large alone."""
+    rows = OWN_STORAGE_BYTES // (3 * 4) // 2 + 1
+    parts = [
+        np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
+        np.full((rows, 2), -1.5, dtype=np.float32),
+        np.ones((5, 3), dtype=np.float64),
+    ]
+    out = []
+    for i, pixels in enumerate(parts):
+        s = source(f"s{i}", [1, 2, 3], [0, 1, 1])
+        s.media["pixel_values"] = pixels
+        out.append(s)
+    return out
+
+
+def test_a_workers_pack_lays_its_large_media_out_in_shared_memory(monkeypatch):
+    """In a worker, pixels that several sources join to >= OWN_STORAGE_BYTES are written into
+    shared memory when the pack is laid out, and the batch hands that very storage over (no
+    second copy); the values, dtype and shape are the main process's. Small ones, and any pack
+    outside a worker, stay in private memory."""
+    main = layout(big_sources(), width=16, pad_multiple=1, pad_id=0)
+    assert not isinstance(main.media["pixel_values"].base, torch.Tensor)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    pack = layout(big_sources(), width=16, pad_multiple=1, pad_id=0)
+    pixels = pack.media["pixel_values"]
+    assert pixels.dtype == np.float64 and pixels.shape == main.media["pixel_values"].shape
+    assert np.array_equal(pixels, main.media["pixel_values"])
+    assert isinstance(pixels.base, torch.Tensor) and pixels.base.is_shared()  # torch's path taken
+    batch = collate([pack])
+    handed = batch["pixel_values"][0]
+    assert handed.data_ptr() == pixels.__array_interface__["data"][0]  # not copied again
+    assert handed.is_shared() and handed.untyped_storage().nbytes() == pixels.nbytes
+    assert_same_batch(handed_over(batch), main_batch(main))
+    small = layout(big_sources()[2:], width=16, pad_multiple=1, pad_id=0)
+    assert not isinstance(small.media["pixel_values"].base, torch.Tensor)
+
+
+def main_batch(pack):
+    """The main process's batch of one pack."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.utils.data, "get_worker_info", lambda: None)
+        return collate([pack])
 
 
 def test_a_workers_batch_survives_torch_save_and_load(in_a_worker):

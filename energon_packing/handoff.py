@@ -1,0 +1,155 @@
+"""The handoff of a batch from a ``DataLoader`` worker to the main process.
+
+A batch made in a worker crosses by pickle. Torch moves every tensor of it to shared memory,
+and each shared storage costs a file descriptor passed through a socket (a connection, an
+authentication and an mmap, on both sides). So a worker's batch is a :class:`WorkerBatch`:
+
+* tensors under :data:`OWN_STORAGE_BYTES` (ids, masks, positions, grids) cross inline, as bytes
+  in the pickle: a text batch passes no file descriptor;
+* larger ones (pixels, as a rule) cross in shared memory, a storage each. A pack's media are
+  written there when the pack is laid out (:func:`media_buffer`), not copied at the handoff:
+  a copy would cost a second set of page faults and a memcpy of every pixel.
+
+The main process gets a plain ``dict`` of plain tensors, value for value the batch. Measured in
+``benchmarks/handoff.py`` and ``benchmarks/long_run.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OWN_STORAGE_BYTES", "WorkerBatch", "in_worker", "media_buffer", "shared", "to_tensor"]
+
+#: A tensor of at least this many bytes crosses to the main process in shared memory, on a
+#: storage of its own; smaller ones cross inline, as bytes in the pickle (their copy costs less
+#: than a storage's file descriptor: ``benchmarks/handoff.py``).
+OWN_STORAGE_BYTES = 1 << 20
+
+
+def in_worker() -> bool:
+    """Whether this runs inside a ``DataLoader`` worker process."""
+    import torch
+
+    return torch.utils.data.get_worker_info() is not None
+
+
+def media_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """An uninitialised array of ``shape`` and ``dtype`` in shared memory, for a media field that
+    will cross to the main process there (inside a worker, at least :data:`OWN_STORAGE_BYTES`);
+    None otherwise (the caller allocates as usual). :func:`to_tensor` turns it back into its
+    shared tensor, so the handoff finds it shared and copies nothing."""
+    import torch
+
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes < OWN_STORAGE_BYTES or not in_worker():
+        return None
+    # What torch's own default_collate does in a worker: a storage made in shared memory, so
+    # no private copy is made first and copied again (the only torch internal this package
+    # reads; without it the handoff copies, as it would anyway)
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is None:
+        return None
+    kind = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    return torch.empty(0, dtype=kind).set_(new_shared(nbytes)).view(shape).numpy()
+
+
+def to_tensor(array: np.ndarray) -> Any:
+    """``torch.from_numpy(array)``, but the shared tensor itself where ``array`` is all of a
+    :func:`media_buffer` (from_numpy would hide that its memory is shared, and the handoff would
+    copy it)."""
+    import torch
+
+    base = array.base
+    if (
+        isinstance(base, torch.Tensor)
+        and base.is_shared()
+        and base.data_ptr() == array.__array_interface__["data"][0]
+        and tuple(base.shape) == array.shape
+        and base.untyped_storage().nbytes() == array.nbytes
+        and array.flags.c_contiguous
+    ):
+        return base
+    return torch.from_numpy(array)
+
+
+class WorkerBatch(dict):
+    """A batch made in a DataLoader worker. Pickled (the handoff to the main process), it
+    carries its tensors under :data:`OWN_STORAGE_BYTES` inline as bytes, not in shared memory.
+    It unpickles as a plain ``dict`` of plain tensors, value for value the batch."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> WorkerBatch:
+        # torch's default_convert (a DataLoader with batch_size=None, as Energon's) copies a
+        # mapping with copy.copy; without this the copy would go through __reduce__ as a dict
+        return WorkerBatch(self)
+
+    def __reduce__(self):
+        items = [
+            (key, [_inline(v) for v in value] if isinstance(value, list) else _inline(value))
+            for key, value in self.items()
+        ]
+        return (dict, (), None, None, iter(items))
+
+
+class _Inline:
+    """A small tensor that pickles as its bytes, dtype and shape."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any):
+        self.tensor = tensor
+
+    def __reduce__(self):
+        import torch
+
+        t = self.tensor.contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return (_tensor_from_bytes, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+
+
+def _crosses_inline(value: Any) -> bool:
+    """Whether ``value`` is a tensor under :data:`OWN_STORAGE_BYTES` (pickled as bytes)."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.nbytes < OWN_STORAGE_BYTES
+
+
+def _inline(value: Any) -> Any:
+    return _Inline(value) if _crosses_inline(value) else value
+
+
+def _tensor_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
+    """The tensor :class:`_Inline` pickled: writable, on a storage of its own."""
+    import torch
+
+    kind = getattr(torch, dtype)
+    if not raw:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(kind).view(shape)
+
+
+def shared(batch: dict[str, Any]) -> WorkerBatch:
+    """``batch`` as a :class:`WorkerBatch`, its tensors of at least :data:`OWN_STORAGE_BYTES`
+    in shared memory, each on a storage of exactly its bytes (those already there, from
+    :func:`media_buffer`, as they are; others copied once, as the handoff would). Values,
+    dtypes and shapes are unchanged."""
+    import torch
+
+    out = WorkerBatch(
+        (key, list(value) if isinstance(value, list) else value) for key, value in batch.items()
+    )
+    for key, value in out.items():
+        for index, tensor in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if not isinstance(tensor, torch.Tensor) or _crosses_inline(tensor):
+                continue
+            if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
+                tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
+            tensor = tensor.share_memory_()  # a no-op for a media_buffer's tensor
+            if index is None:
+                out[key] = tensor
+            else:
+                out[key][index] = tensor
+    return out
