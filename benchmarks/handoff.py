@@ -76,7 +76,9 @@ class Batches(IterableDataset):
         info = torch.utils.data.get_worker_info()
         for _ in range(self.count // (info.num_workers if info else 1)):
             if self.packs is not None:
-                yield collate(self.packs) | self.batch
+                batch = collate(self.packs)
+                batch.update(self.batch)  # `|` would make a plain dict of a WorkerBatch
+                yield batch
             else:
                 yield {k: copy(v, numpy=self.numpy) for k, v in self.batch.items()}
 

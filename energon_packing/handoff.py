@@ -6,11 +6,14 @@ authentication and an mmap, on both sides). So a worker's batch is a :class:`Wor
 
 * tensors under :data:`OWN_STORAGE_BYTES` (ids, masks, positions, grids) cross inline, as bytes
   in the pickle: a text batch passes no file descriptor;
-* larger ones (pixels, as a rule) cross in shared memory, a storage each. A pack's media are
-  written there when the pack is laid out (:func:`media_buffer`), not copied at the handoff:
-  a copy would cost a second set of page faults and a memcpy of every pixel.
+* larger ones (pixels, as a rule) cross in shared memory, a storage each: in a segment the
+  worker reuses once the main process has let go of it (:mod:`energon_packing.shm_pool`; a
+  fresh shared page costs about ten times a reused one), else in torch's fresh shared memory.
+  A pack's media that its sources join are written there when the pack is laid out
+  (:func:`media_buffer`), not copied at the handoff.
 
-The main process gets a plain ``dict`` of plain tensors, value for value the batch. Measured in
+The main process gets a plain ``dict`` of plain tensors, value for value the batch (a pool
+segment's tensor is a view of the main process's own mapping of it). Measured in
 ``benchmarks/handoff.py`` and ``benchmarks/long_run.py``.
 """
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from energon_packing import shm_pool
 
 __all__ = ["OWN_STORAGE_BYTES", "WorkerBatch", "in_worker", "media_buffer", "shared", "to_tensor"]
 
@@ -36,15 +41,19 @@ def in_worker() -> bool:
 
 
 def media_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-    """An uninitialised array of ``shape`` and ``dtype`` in shared memory, for a media field that
-    will cross to the main process there (inside a worker, at least :data:`OWN_STORAGE_BYTES`);
-    None otherwise (the caller allocates as usual). :func:`to_tensor` turns it back into its
-    shared tensor, so the handoff finds it shared and copies nothing."""
+    """An uninitialised array of ``shape`` and ``dtype`` in shared memory (a free pool segment,
+    else torch's), for a media field that will cross to the main process there (inside a
+    worker, at least :data:`OWN_STORAGE_BYTES`); None otherwise (the caller allocates as
+    usual). :func:`to_tensor` turns it into its tensor, which the handoff passes as it is."""
     import torch
 
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if nbytes < OWN_STORAGE_BYTES or not in_worker():
         return None
+    segments = shm_pool.pool()
+    array = segments.array(shape, dtype) if segments is not None else None
+    if array is not None:  # reused memory: no fresh page to allocate, zero and free
+        return array
     # What torch's own default_collate does in a worker: a storage made in shared memory, so
     # no private copy is made first and copied again (the only torch internal this package
     # reads; without it the handoff copies, as it would anyway)
@@ -88,7 +97,7 @@ class WorkerBatch(dict):
 
     def __reduce__(self):
         items = [
-            (key, [_inline(v) for v in value] if isinstance(value, list) else _inline(value))
+            (key, [_wrap(v) for v in value] if isinstance(value, list) else _wrap(value))
             for key, value in self.items()
         ]
         return (dict, (), None, None, iter(items))
@@ -117,8 +126,40 @@ def _crosses_inline(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.nbytes < OWN_STORAGE_BYTES
 
 
-def _inline(value: Any) -> Any:
-    return _Inline(value) if _crosses_inline(value) else value
+def _wrap(value: Any) -> Any:
+    """``value`` as it pickles: a small tensor inline, a pool segment's by its segment."""
+    if _crosses_inline(value):
+        return _Inline(value)
+    segment = _segment_of(value)
+    return _Pooled(value, segment) if segment is not None else value
+
+
+def _segment_of(value: Any) -> Any:
+    import torch
+
+    segments = shm_pool.pool() if isinstance(value, torch.Tensor) else None
+    return segments.segment_of(value) if segments is not None else None
+
+
+class _Pooled:
+    """A tensor in a pool segment: it pickles as the segment's file descriptor and its place,
+    and counts the send (:mod:`energon_packing.shm_pool`)."""
+
+    __slots__ = ("segment", "tensor")
+
+    def __init__(self, tensor: Any, segment: Any):
+        self.tensor, self.segment = tensor, segment
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        array = self.tensor.numpy()
+        shm_pool.pool().sent(self.segment)
+        handle = DupFd(self.segment.fd)
+        return (
+            shm_pool.rebuild,
+            (handle, self.segment.capacity, array.nbytes, array.dtype.str, array.shape),
+        )
 
 
 def _tensor_from_bytes(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -145,11 +186,38 @@ def shared(batch: dict[str, Any]) -> WorkerBatch:
         for index, tensor in enumerate(value) if isinstance(value, list) else [(None, value)]:
             if not isinstance(tensor, torch.Tensor) or _crosses_inline(tensor):
                 continue
+            if _segment_of(tensor) is not None:
+                continue  # in a pool segment: it crosses as it is
+            pooled = _into_segment(tensor)
+            if pooled is not None:
+                _put(out, key, index, pooled)
+                continue
             if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
                 tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
-            tensor = tensor.share_memory_()  # a no-op for a media_buffer's tensor
-            if index is None:
-                out[key] = tensor
-            else:
-                out[key][index] = tensor
+            _put(out, key, index, tensor.share_memory_())  # a no-op for a media_buffer's
     return out
+
+
+def _put(batch: dict[str, Any], key: str, index: int | None, tensor: Any) -> None:
+    if index is None:
+        batch[key] = tensor
+    else:
+        batch[key][index] = tensor
+
+
+def _into_segment(tensor: Any) -> Any:
+    """A copy of ``tensor`` in a free pool segment (one memcpy into reused memory, where
+    ``share_memory_`` would copy into fresh pages), or None (no segment free, or a dtype numpy
+    does not have)."""
+    segments = shm_pool.pool()
+    if segments is None:
+        return None
+    try:
+        source = tensor.numpy()
+    except (TypeError, RuntimeError):  # bfloat16, a tensor that requires grad
+        return None
+    array = segments.array(source.shape, source.dtype)
+    if array is None:
+        return None
+    np.copyto(array, source)
+    return to_tensor(array)

@@ -1,14 +1,17 @@
 """The worker handoff (issue 34 item 3): inside a DataLoader worker ``collate`` gives a
 :class:`WorkerBatch`, whose tensors under ``OWN_STORAGE_BYTES`` cross to the main process inline
 (bytes in the pickle, no shared memory, no file descriptor) and the larger ones in shared memory,
-a storage each; the main process gets a plain dict, the main process's collate value for value,
-and ``torch.save`` / ``torch.load`` of it works.
+a storage each (a pool segment the worker reuses only once the main process lets go of it, else
+torch's); the main process gets a plain dict, the main process's collate value for value, and
+``torch.save`` / ``torch.load`` of it works.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import io
+import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -19,9 +22,9 @@ from helpers import loader_batches, source
 from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, IterableDataset
 
-from energon_packing import PackingTaskEncoder
+from energon_packing import PackingTaskEncoder, shm_pool
 from energon_packing.encoding.positions import MRope
-from energon_packing.handoff import OWN_STORAGE_BYTES, WorkerBatch
+from energon_packing.handoff import OWN_STORAGE_BYTES, WorkerBatch, shared, to_tensor
 from energon_packing.schema import collate, layout
 
 SAMPLE_DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "sample_data"
@@ -79,6 +82,14 @@ def in_a_worker(monkeypatch):
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
 
 
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """A worker's pool of its own for this test (the segments die with it)."""
+    pool = shm_pool.Pool()
+    monkeypatch.setattr(shm_pool, "_pool", pool)
+    return pool
+
+
 def handed_over(batch):
     """``batch`` as the main process unpickles it from a worker's queue."""
     return pickle.loads(ForkingPickler.dumps(batch))
@@ -106,21 +117,30 @@ def test_a_workers_batch_crosses_inline_as_the_main_batch(prepacked, mrope, monk
     assert type(copy.copy(worker)) is WorkerBatch  # torch's default_convert copies it
 
 
-def test_a_large_tensor_gets_a_storage_of_its_own(in_a_worker):
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_large_tensor_gets_a_storage_of_its_own(pooled, in_a_worker, fresh_pool, monkeypatch):
     """Pixels of >= OWN_STORAGE_BYTES are not laid out with the small float32 tensors (a
-    consumer keeping token_mask does not keep the pixels alive); values unchanged; the pack's
-    own array is not touched."""
+    consumer keeping token_mask does not keep the pixels alive): they are copied into a pool
+    segment, or (``pooled=False``: no pool, as where memfds do not exist) into torch's shared
+    memory; values unchanged; the pack's own array is not touched."""
+    if not pooled:
+        monkeypatch.setattr(shm_pool, "pool", lambda: None)
     ps = packs(big=True)
     pixels = ps[0].media["pixel_values"]
     before = pixels.copy()
     batch = collate(ps)
     big = batch["pixel_values"][0]
-    assert big.is_shared() and big.untyped_storage().nbytes() == pixels.nbytes
+    if pooled:
+        assert fresh_pool.segment_of(big) is fresh_pool.segments[0]
+        assert not any(t.is_shared() for t in tensors(batch).values())
+    else:
+        assert big.is_shared() and big.untyped_storage().nbytes() == pixels.nbytes
+        assert [t for t in tensors(batch).values() if t.is_shared()] == [big]
     assert big.untyped_storage().data_ptr() != batch["token_mask"].untyped_storage().data_ptr()
     assert torch.equal(big, torch.from_numpy(before)) and np.array_equal(pixels, before)
-    assert [t for t in tensors(batch).values() if t.is_shared()] == [big]
+    assert big.data_ptr() != pixels.__array_interface__["data"][0]
     got = handed_over(batch)
-    assert got["pixel_values"][0].is_shared() and torch.equal(got["pixel_values"][0], big)
+    assert torch.equal(got["pixel_values"][0], big)
 
 
 def big_sources():
@@ -140,11 +160,12 @@ def big_sources():
     return out
 
 
-def test_a_workers_pack_lays_its_large_media_out_in_shared_memory(monkeypatch):
-    """In a worker, pixels that several sources join to >= OWN_STORAGE_BYTES are written into
-    shared memory when the pack is laid out, and the batch hands that very storage over (no
-    second copy); the values, dtype and shape are the main process's. Small ones, and any pack
-    outside a worker, stay in private memory."""
+def test_a_workers_pack_lays_its_large_media_out_in_shared_memory(monkeypatch, fresh_pool):
+    """In a worker, pixels that several sources join to >= OWN_STORAGE_BYTES are written into a
+    pool segment when the pack is laid out, and the batch hands that very memory over (no
+    second copy); the values, dtype and shape are the main process's. With every segment
+    taken, a pack gets torch's fresh shared memory instead. Small media, and any pack outside a
+    worker, stay in private memory."""
     main = layout(big_sources(), width=16, pad_multiple=1, pad_id=0)
     assert not isinstance(main.media["pixel_values"].base, torch.Tensor)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
@@ -152,14 +173,114 @@ def test_a_workers_pack_lays_its_large_media_out_in_shared_memory(monkeypatch):
     pixels = pack.media["pixel_values"]
     assert pixels.dtype == np.float64 and pixels.shape == main.media["pixel_values"].shape
     assert np.array_equal(pixels, main.media["pixel_values"])
-    assert isinstance(pixels.base, torch.Tensor) and pixels.base.is_shared()  # torch's path taken
+    [segment] = fresh_pool.segments
     batch = collate([pack])
     handed = batch["pixel_values"][0]
     assert handed.data_ptr() == pixels.__array_interface__["data"][0]  # not copied again
-    assert handed.is_shared() and handed.untyped_storage().nbytes() == pixels.nbytes
+    assert fresh_pool.segment_of(handed) is segment
     assert_same_batch(handed_over(batch), main_batch(main))
     small = layout(big_sources()[2:], width=16, pad_multiple=1, pad_id=0)
     assert not isinstance(small.media["pixel_values"].base, torch.Tensor)
+    held = [layout(big_sources(), width=16, pad_multiple=1, pad_id=0) for _ in range(8)]
+    assert len(fresh_pool.segments) == shm_pool.SEGMENTS  # all taken: torch's path
+    last = held[-1].media["pixel_values"]
+    assert isinstance(last.base, torch.Tensor) and last.base.is_shared()
+    assert np.array_equal(last, main.media["pixel_values"])
+
+
+def test_a_segment_is_reused_only_once_the_main_process_lets_go(fresh_pool, in_a_worker):
+    """A segment is taken again only when the worker holds no view of it and every tensor the
+    main process rebuilt from it (and every view of one) is gone; a larger tensor grows a free
+    segment; the main process reads what the worker wrote."""
+    first = fresh_pool.array((1000, 300), np.float32)
+    first[:] = 1.5
+    data = ForkingPickler.dumps(shared({"pixel_values": [to_tensor(first)]}))
+    del first
+    gc.collect()
+    [segment] = fresh_pool.segments
+    assert (segment.count(0), segment.count(8), segment.free()) == (1, 0, False)  # sent, not back
+    got = pickle.loads(data)["pixel_values"][0]
+    assert got.shape == (1000, 300) and float(got.sum()) == 1.5 * 300_000
+    fresh_pool.array((10, 10), np.float32)  # dropped at once: its segment is free again
+    gc.collect()
+    assert len(fresh_pool.segments) == 2 and not segment.free()
+    view = got[10:20]
+    del got
+    gc.collect()
+    assert not segment.free()  # a view of the main's tensor still reads it
+    del view
+    gc.collect()
+    assert segment.free() and (segment.count(0), segment.count(8)) == (1, 1)
+    bigger = fresh_pool.array((3000, 300), np.float32)
+    assert len(fresh_pool.segments) == 2 and fresh_pool.segment_of(torch.from_numpy(bigger))
+    assert max(s.capacity for s in fresh_pool.segments) >= bigger.nbytes
+
+
+def test_a_pool_keeps_within_its_budget(fresh_pool, monkeypatch):
+    """Segments together hold at most BUDGET bytes: a tensor that would pass it gets none (and
+    so torch's memory), nor does a free segment grow past it."""
+    monkeypatch.setattr(shm_pool, "BUDGET", 3 << 20)
+    held = fresh_pool.array((2 << 20,), np.uint8)
+    assert held is not None and fresh_pool.array((2 << 20,), np.uint8) is None
+    assert fresh_pool.array((1 << 20,), np.uint8) is not None  # 2 + 1 MiB fit
+    gc.collect()
+    del held
+    gc.collect()
+    assert fresh_pool.array((3 << 20,), np.uint8) is None  # growing 2 -> 3 MiB would pass it
+    assert [s.capacity for s in fresh_pool.segments] == [2 << 20, 1 << 20]
+
+
+class Laid(IterableDataset):
+    """``count`` packs laid out in each worker, pixels of >= 1 MiB numbered by the pack."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for i in range(self.count):
+            sources = big_sources()
+            for s in sources:
+                s.media["pixel_values"] = s.media["pixel_values"] + 1000 * (2 * i + info.id)
+            yield collate([layout(sources, width=16, pad_multiple=1, pad_id=0)])
+
+
+def want_pixels(number: int) -> np.ndarray:
+    sources = big_sources()
+    for s in sources:
+        s.media["pixel_values"] = s.media["pixel_values"] + 1000 * number
+    return layout(sources, width=16, pad_multiple=1, pad_id=0).media["pixel_values"]
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_two_workers_reuse_segments_without_touching_a_held_batch(hold, monkeypatch):
+    """Through a real 2-worker DataLoader: each batch's pixels are the ones its worker laid out,
+    read when the batch arrives and again after all arrived (``hold``: the main process keeps
+    every batch, so no segment may be reused under it); a main process that drops each batch
+    gets its pixels from a few segments, reused."""
+    inodes = []
+    rebuild = shm_pool.rebuild
+
+    def counted(df, *args):
+        fd = df.detach()
+        inodes.append(os.fstat(fd).st_ino)
+        return rebuild(type("Fd", (), {"detach": lambda self: fd})(), *args)
+
+    batches = iter(DataLoader(Laid(8), batch_size=None, num_workers=2))
+    monkeypatch.setattr(shm_pool, "rebuild", counted)  # unpickled by name, in this process
+    kept = []
+    for number, batch in enumerate(batches):
+        assert np.array_equal(batch["pixel_values"][0].numpy(), want_pixels(number))
+        if hold:
+            kept.append(batch)
+        del batch
+        gc.collect()
+    # held: each worker's SEGMENTS segments stay taken, its later packs get torch's memory
+    assert len(inodes) == (2 * shm_pool.SEGMENTS if hold else 16)
+    for number, batch in enumerate(kept):
+        assert np.array_equal(batch["pixel_values"][0].numpy(), want_pixels(number)), number
+    if not hold:
+        assert len(set(inodes)) <= 2 * 3  # a few per worker, reused
 
 
 def main_batch(pack):
@@ -197,20 +318,26 @@ class Collated(IterableDataset):
 @pytest.mark.parametrize("big", [False, True])
 def test_two_workers_hand_over_only_large_tensors_in_shared_memory(big, monkeypatch):
     """Through a real 2-worker DataLoader: a batch of small tensors passes no file descriptor
-    (a per-tensor handoff passes one per tensor), pixels of >= 1 MiB one; each batch equals the
+    (a per-tensor handoff passes one per tensor), pixels of >= 1 MiB one (a pool segment's);
+    each batch equals the
     main process's collate and saves and loads with torch.save / torch.load."""
     received = []
-    rebuild = reductions.rebuild_storage_fd
 
-    def counted(*args):
-        received.append(1)
-        return rebuild(*args)
+    def counting(module, name):
+        rebuild = getattr(module, name)
+
+        def counted(*args):
+            received.append(name)
+            return rebuild(*args)
+
+        monkeypatch.setattr(module, name, counted)
 
     batches = iter(DataLoader(Collated(3, big=big), batch_size=None, num_workers=2))
     # patched once the workers are forked: a worker pickles the rebuild function by name
-    monkeypatch.setattr(reductions, "rebuild_storage_fd", counted)
+    counting(reductions, "rebuild_storage_fd")  # torch's shared memory
+    counting(shm_pool, "rebuild")  # a pool segment
     batches = list(batches)
-    assert len(batches) == 6 and len(received) == (6 if big else 0)
+    assert len(batches) == 6 and received == (["rebuild"] * 6 if big else [])
     want = collate(packs(big=big))
     for batch in batches:
         assert type(batch) is dict
@@ -223,8 +350,8 @@ def test_two_workers_hand_over_only_large_tensors_in_shared_memory(big, monkeypa
 
 def test_a_loader_batch_from_two_workers_saves_and_loads():
     """The real Energon loader with 2 workers over the bundled sample data: a plain dict whose
-    tensors are in shared memory only where they hold >= 1 MiB, and torch.save / torch.load
-    (weights_only) give the batch back."""
+    tensors under 1 MiB crossed inline (the larger ones in shared memory: torch's or a pool
+    segment), and torch.save / torch.load (weights_only) give the batch back."""
     te = PackingTaskEncoder(tokenizer="bundled", max_input_seq_length=4096)
     seen = 0
     for batch in loader_batches(SAMPLE_DATA, te, buffer=8, workers=2):
@@ -232,7 +359,8 @@ def test_a_loader_batch_from_two_workers_saves_and_loads():
             continue
         assert type(batch) is dict
         for place, t in tensors(batch).items():
-            assert t.is_shared() == (t.numel() * t.element_size() >= OWN_STORAGE_BYTES), place
+            if t.numel() * t.element_size() < OWN_STORAGE_BYTES:
+                assert not t.is_shared(), place  # crossed inline
         buffer = io.BytesIO()
         torch.save(batch, buffer)
         buffer.seek(0)
