@@ -106,8 +106,11 @@ class Pool:
             segment = max(free, key=lambda s: s.capacity)
             if held - segment.capacity + capacity > BUDGET:
                 return None
+            try:
+                segment.map.close()
+            except BufferError:  # its last view's teardown (another thread) is not done yet
+                return None
             os.ftruncate(segment.fd, HEADER + capacity)
-            segment.map.close()
             segment.map = mmap.mmap(segment.fd, HEADER + capacity)
             segment.capacity = capacity
             return segment

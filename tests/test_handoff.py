@@ -230,6 +230,18 @@ def test_a_pool_keeps_within_its_budget(fresh_pool, monkeypatch):
     assert [s.capacity for s in fresh_pool.segments] == [2 << 20, 1 << 20]
 
 
+def test_a_segment_still_being_let_go_is_not_grown(fresh_pool):
+    """A free segment whose mapping another thread still exports (its last view's teardown)
+    is not closed to grow it: the tensor gets torch's memory, the segment stays usable."""
+    fresh_pool.array((1 << 20,), np.uint8)
+    gc.collect()
+    [segment] = fresh_pool.segments
+    export = memoryview(segment.map)  # as a dying view's buffer, not yet released
+    assert segment.free() and fresh_pool.array((2 << 20,), np.uint8) is None
+    export.release()
+    assert fresh_pool.array((2 << 20,), np.uint8) is not None and segment.capacity == 2 << 20
+
+
 class Laid(IterableDataset):
     """``count`` packs laid out in each worker, pixels of >= 1 MiB numbered by the pack."""
 
