@@ -188,13 +188,16 @@ def shared(batch: dict[str, Any]) -> WorkerBatch:
                 continue
             if _segment_of(tensor) is not None:
                 continue  # in a pool segment: it crosses as it is
+            exact = tensor.untyped_storage().nbytes() == tensor.nbytes and tensor.is_contiguous()
+            if exact and tensor.is_shared():
+                continue  # torch's shared memory (a media_buffer's): it crosses as it is
             pooled = _into_segment(tensor)
             if pooled is not None:
                 _put(out, key, index, pooled)
                 continue
-            if tensor.untyped_storage().nbytes() != tensor.nbytes or not tensor.is_contiguous():
+            if not exact:
                 tensor = tensor.clone(memory_format=torch.contiguous_format)  # exactly its bytes
-            _put(out, key, index, tensor.share_memory_())  # a no-op for a media_buffer's
+            _put(out, key, index, tensor.share_memory_())
     return out
 
 

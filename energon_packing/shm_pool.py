@@ -68,7 +68,8 @@ class Pool:
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """An uninitialised array of ``shape`` and ``dtype`` in a free segment (grown or made
-        as needed), or None when all :data:`SEGMENTS` are in use."""
+        as needed), or None: all :data:`SEGMENTS` taken, :data:`BUDGET` reached, or the one
+        free segment still being let go by another thread."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         with self.lock:

@@ -186,6 +186,10 @@ def test_a_workers_pack_lays_its_large_media_out_in_shared_memory(monkeypatch, f
     last = held[-1].media["pixel_values"]
     assert isinstance(last.base, torch.Tensor) and last.base.is_shared()
     assert np.array_equal(last, main.media["pixel_values"])
+    del held[0]
+    gc.collect()  # a segment is free again: torch's shared pixels still cross as they are
+    assert any(s.free() for s in fresh_pool.segments)
+    assert collate([held[-1]])["pixel_values"][0].data_ptr() == last.__array_interface__["data"][0]
 
 
 def test_a_segment_is_reused_only_once_the_main_process_lets_go(fresh_pool, in_a_worker):
