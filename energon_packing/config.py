@@ -465,7 +465,9 @@ class LayoutKnobs:
         None,
         effect="the audio feature extractor's own settings, as its `preprocessor_config.json` "
         "holds them (`chunk_length`, `hop_length`, `n_fft`, `feature_size`, `do_normalize`, "
-        "`dither`), over the processor's; the clips' token counts follow them",
+        "`dither`), over the processor's; the clips' token counts follow them. "
+        "`load_audio_from_video: True` (or `use_audio_in_video`): each video's own audio "
+        "track interleaved with its frames, as the Omni processors do",
         related="`preprocessor_config.json` (WhisperFeatureExtractor)",
         paths=(PROCESSOR,),
         instead="the built-in layout takes no audio; pass processor= of a family whose "
@@ -539,31 +541,27 @@ class LayoutKnobs:
         )
 
 
-#: The Omni processors' switches for a video's own audio track: not laid out (refused when on).
+#: The Omni processors' switches for a video's own audio track (``audio_config`` takes them).
 AUDIO_IN_VIDEO_KEYS = ("use_audio_in_video", "load_audio_from_video")
 
 
-def _refuse_audio_in_video(name: str, config: Any) -> None:
-    """A video's own audio track (the Omni processors' ``use_audio_in_video``) is refused in
-    one line naming the knob; the switch set off is the default and is accepted."""
-    if not isinstance(config, Mapping):
-        return
-    for key in AUDIO_IN_VIDEO_KEYS:
-        if config.get(key):
-            raise ValueError(
-                f"{name}[{key!r}]={config[key]!r}: a video's own audio track (the Omni "
-                f"processors' {key}) is not laid out by energon_packing; leave it unset (False) "
-                f"and give the audio as an audio part of its own"
-            )
+def audio_in_video(config: Any) -> bool:
+    """Whether ``audio_config`` asks for each video's own audio track, interleaved with its
+    frames (either of the processors' names for the switch)."""
+    found = getattr(config, "audio_config", None) or {}
+    return any(bool(found.get(key)) for key in AUDIO_IN_VIDEO_KEYS)
 
 
 def _check_video_config(config: Any) -> None:
     """``video_config``: a dict of the Qwen video processors' settings, each of its type."""
     if config is None:
         return
-    _refuse_audio_in_video("video_config", config)
-    if isinstance(config, Mapping):
-        config = {k: v for k, v in config.items() if k not in AUDIO_IN_VIDEO_KEYS}
+    for key in AUDIO_IN_VIDEO_KEYS:
+        if isinstance(config, Mapping) and key in config:
+            raise ValueError(
+                f"video_config[{key!r}]: a video's own audio track is an audio setting; set "
+                f"audio_config={{'load_audio_from_video': {config[key]!r}}} instead"
+            )
     if not isinstance(config, Mapping) or set(config) - set(VIDEO_CONFIG_KEYS):
         raise ValueError(
             f"video_config must be a dict with keys among {', '.join(VIDEO_CONFIG_KEYS)}; got "
@@ -602,8 +600,10 @@ def _check_audio_config(config: Any) -> None:
     """``audio_config``: a dict of the Whisper feature extractor's settings, each of its type."""
     if config is None:
         return
-    _refuse_audio_in_video("audio_config", config)
     if isinstance(config, Mapping):
+        for key in AUDIO_IN_VIDEO_KEYS:
+            if key in config:
+                _flag(f"audio_config[{key!r}]", config[key])
         config = {k: v for k, v in config.items() if k not in AUDIO_IN_VIDEO_KEYS}
     if not isinstance(config, Mapping) or set(config) - set(AUDIO_CONFIG_KEYS):
         raise ValueError(

@@ -36,7 +36,6 @@ from helpers import (
     decode_image,
     loader_batches,
     make_dataset,
-    require_processor_media,
 )
 
 from energon_packing import PackingTaskEncoder
@@ -445,19 +444,6 @@ def test_an_omni_calls_max_video_tokens_is_refused_naming_the_knob(family):
         style, None, overrides={"max_video_tokens": 16}, reads_call_cap=True
     )
     assert read.max_video_tokens == 16
-
-
-@pytest.mark.parametrize("family", AUDIO_FAMILIES)
-@pytest.mark.parametrize("knob", ["video_config", "audio_config"])
-@pytest.mark.parametrize("key", ["use_audio_in_video", "load_audio_from_video"])
-def test_a_videos_own_audio_track_is_refused_naming_the_knob(family, knob, key):
-    require_processor_media(family)
-    processor = build(family, model=False)[0]
-    with pytest.raises(ValueError, match=rf"^{knob}\['{key}'\]=True: a video's own audio track"):
-        PackingTaskEncoder(max_input_seq_length=1024, processor=processor, **{knob: {key: True}})
-    off = PackingTaskEncoder(max_input_seq_length=1024, processor=processor, **{knob: {key: False}})
-    plain = PackingTaskEncoder(max_input_seq_length=1024, processor=processor)
-    assert off.chat.fingerprint == plain.chat.fingerprint  # off is the default
 
 
 @pytest.mark.parametrize("family", ["qwen3_omni"])

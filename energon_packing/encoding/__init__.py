@@ -72,7 +72,7 @@ def make_chat(
         }
         chat.videos = _video_side(chat.video_style, settings, config)
         return chat
-    from energon_packing.config import knob
+    from energon_packing.config import audio_in_video, knob
     from energon_packing.encoding.families import check_model
     from energon_packing.encoding.processor import ProcessorChat
 
@@ -108,6 +108,17 @@ def make_chat(
                 f"({', '.join(audio_families())}), not to {chat.family_name} ({chat.name})"
             )
         chat.audio.configure(audio_config)
+        if audio_in_video(config):
+            if chat.audio.rule.interleave is None:
+                from energon_packing.encoding.families import FAMILIES
+
+                takes = [f.name for f in FAMILIES if f.audio and f.audio.interleave]
+                raise ValueError(
+                    f"audio_config['load_audio_from_video']: {chat.family_name} ({chat.name}) "
+                    f"does not interleave a video's own audio track; the families whose "
+                    f"processors do: {', '.join(takes)}"
+                )
+            chat.interleave_tracks()
     if chat.video_style is not None:
         chat.videos = _video_side(chat.video_style, chat.video_settings, config)
         per_second = chat.mrope.position_id_per_seconds if chat.mrope is not None else None

@@ -452,6 +452,35 @@ def omni_position_id_per_seconds(family: str) -> float:
     return float(found)
 
 
+def omni_track_timing(processor: Any) -> tuple[float, float]:
+    """``(position_id_per_seconds, seconds_per_chunk)`` the Omni processor's own ``__call__``
+    interleaves a video's audio track by: its merged kwargs' top level since 5.25 (the
+    processor's class attributes), their ``videos_kwargs`` before (the kwargs class's
+    ``_defaults``)."""
+    merged = _merged(processor)
+    found = []
+    for name in ("position_id_per_seconds", "seconds_per_chunk"):
+        value = merged.get(name, merged.get("videos_kwargs", {}).get(name))
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise _fail(f"{type(processor).__name__}'s {name}", f"not a number: {value!r}")
+        found.append(float(value))
+    return found[0], found[1]
+
+
+@functools.cache
+def omni_seconds_per_chunk(family: str) -> float:
+    """The installed thinker config's default ``seconds_per_chunk`` (Qwen2.5-Omni's positions
+    chunk a video's interleaved track by it; 2.0 where the config has none)."""
+    import transformers
+
+    klass = getattr(transformers, OMNI_THINKER_CONFIGS[family])
+    found = getattr(klass, "seconds_per_chunk", None)
+    if not isinstance(found, (int, float)) or isinstance(found, bool):
+        parameter = inspect.signature(klass.__init__).parameters.get("seconds_per_chunk")
+        found = parameter.default if parameter is not None else 2.0
+    return float(found)
+
+
 @functools.cache
 def alpha_on_white() -> bool:
     """Whether the installed image processors composite alpha on white (5.21+; also without

@@ -40,6 +40,12 @@ class MRope:
     #: the Omni thinkers' ``position_id_per_seconds`` (None: not time-aligned): a video's
     #: temporal positions are its patches' times, and text resumes after its largest position
     position_id_per_seconds: float | None = None
+    #: the audio-start token (Omni: a video's interleaved track opens with it right after the
+    #: vision start) and the thinker's interleave rule (``AudioRule.interleave``; None: none)
+    audio_start_id: int | None = None
+    interleave: str | None = None
+    #: the thinker config's ``seconds_per_chunk`` (the ``"chunks"`` rule)
+    seconds_per_chunk: float = 2.0
 
 
 def token_types(input_ids: Sequence[int], spec: MRope) -> np.ndarray:
@@ -68,6 +74,8 @@ def mrope_positions(
         videos: The videos' plans (``rope_grids()`` and ``time_intervals(tokens_per_second)``,
             :class:`energon_packing.media.video_plan.VideoPlan`), in order.
     """
+    if any(getattr(plan, "audio_tokens", None) is not None for plan in videos):
+        return _with_tracks(np.asarray(input_ids), grids, spec, videos)
     types = token_types(input_ids, spec)
     runs = np.flatnonzero(np.diff(types, prepend=TEXT) != 0)
     kinds = types[runs]
@@ -110,6 +118,72 @@ def mrope_positions(
         time_intervals=ordered_intervals,
         video_frames_apart=hf_compat.video_frames_apart(),
     )
+
+
+def _with_tracks(
+    ids: np.ndarray, grids: Sequence[tuple[int, int, int]], spec: MRope, videos: Sequence[Any]
+) -> np.ndarray:
+    """:func:`mrope_positions` of an Omni source whose videos carry their own audio tracks:
+    each ``vision_start audio_start ... audio_end vision_end`` block by
+    :func:`~.av_interleave.block_positions`, the stretches between them as any other source's
+    (the time-aligned rule: each stretch starts where the thinker resumes after the block)."""
+    from energon_packing.encoding import av_interleave
+
+    if spec.interleave is None or spec.audio_start_id is None:
+        raise ValueError("a video with its own audio track, for a family with no interleave rule")
+    starts = np.flatnonzero((ids[1:] == spec.audio_start_id) & (ids[:-1] == spec.vision_start_id))
+    positions = np.empty((3, len(ids)), dtype=np.int64)
+    image_of, plan_of = iter(grids), iter(videos)
+    per_chunk = int(spec.position_id_per_seconds * spec.seconds_per_chunk)
+    done, current = 0, 0
+
+    def stretch(end: int) -> None:  # the tokens [done, end) outside any block
+        nonlocal current
+        if end <= done:
+            return
+        types = token_types(ids[done:end], spec)
+        kinds = types[np.flatnonzero(np.diff(types, prepend=TEXT) != 0)]
+        ordered, offsets = [], []
+        for kind in kinds[kinds != TEXT]:
+            if kind == IMAGE:
+                ordered.append(tuple(next(image_of)))
+                continue
+            plan = next(plan_of)
+            if plan.audio_tokens is not None:
+                raise ValueError("a video with an audio track outside its track's block")
+            ordered.append(tuple(plan.grid))
+            offsets.append(plan.time_aligned(spec.position_id_per_seconds))
+        found = vision_positions(types, ordered, merge_size=spec.merge_size, time_offsets=offsets)
+        positions[:, done:end] = current + found
+        current += int(found.max()) + 1
+
+    for start in starts.tolist():
+        stretch(start)
+        plan = next(plan_of, None)
+        if plan is None or plan.audio_tokens is None:
+            raise ValueError(f"the track block at token {start} has no video with a track left")
+        width = 4 + plan.tokens + plan.audio_tokens
+        held = int(np.count_nonzero(ids[start : start + width] == spec.video_pad_id))
+        if held != plan.tokens or start + width > len(ids):
+            raise ValueError(
+                f"the track block at token {start} holds {held} video tokens of "
+                f"{plan.tokens} in {width} tokens"
+            )
+        block, current = av_interleave.block_positions(
+            kind=spec.interleave,
+            grid=plan.grid,
+            merge_size=spec.merge_size,
+            temporal=plan.time_aligned(spec.position_id_per_seconds),
+            audio_tokens=plan.audio_tokens,
+            start=current,
+            per_chunk=per_chunk,
+        )
+        positions[:, start : start + width] = block
+        done = start + width
+    stretch(len(ids))
+    if next(image_of, None) is not None or next(plan_of, None) is not None:
+        raise ValueError(f"{len(grids)} image and {len(videos)} video grids for fewer runs")
+    return positions
 
 
 #: ``mm_token_type_ids`` values: what each token is

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from energon_packing.encoding import hf_compat
+from energon_packing.encoding import av_interleave, hf_compat
 from energon_packing.encoding.chat import (
     WHOLE_MESSAGES,
     Skip,
@@ -97,7 +97,8 @@ class ProcessorEncoding:
     #: each video's plan from its header, in the same order
     video_plans: list = field(default_factory=list)
     audio_order: list[int] = field(default_factory=list)
-    #: each audio clip's mel frames, in the same order (the audio encoder's cost)
+    #: each audio clip's mel frames (the audio encoder's cost), in the order the clips go to
+    #: the feature extractor: the clips and the videos' own tracks as the text shows them
     audio_frames: list[int] = field(default_factory=list)
     truncated: int = 0
 
@@ -189,7 +190,11 @@ class ProcessorChat:
                 video_pad_id=self.video_token_id,
                 tokens_per_second=tokens_per_second if self.family_name == "qwen2_5_vl" else None,
                 position_id_per_seconds=self._position_id_per_seconds(),
+                **self._track_spec(),
             )
+        #: whether each video's own audio track is interleaved with its frames
+        #: (``audio_config['load_audio_from_video']``: :meth:`interleave_tracks`)
+        self.audio_in_video = False
         protected = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         protected |= {
             getattr(processor, name, None) or ""
@@ -240,6 +245,12 @@ class ProcessorChat:
             }
             if self.audio is not None:  # the rule that decides an audio clip's tokens
                 parts["audio"] = self.audio.fingerprint
+            if self.audio_in_video:  # and how a video's own track interleaves with it
+                parts["audio_in_video"] = [
+                    self.family.audio.interleave,
+                    hf_compat.omni_track_timing(self.processor),
+                    self.mrope.seconds_per_chunk,
+                ]
             blob = json.dumps(parts, sort_keys=True, default=str)
             self._fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         return self._fingerprint
@@ -328,14 +339,6 @@ class ProcessorChat:
             side=self.videos if self.video_token else None,
             layout=f"{self.family_name} ({self.name})",
         )
-        expansions = [
-            plan.expansion(
-                video_token=self.video_token,
-                vision_start="<|vision_start|>",
-                vision_end="<|vision_end|>",
-            )
-            for plan in plans
-        ]
         clips = audio_lengths(
             c.audios,
             audio_names=audio_names,
@@ -344,7 +347,14 @@ class ProcessorChat:
             max_seconds=config.max_audio_seconds,
         )
         samples = [clip.samples for clip in clips]
-        heard = self.audio.expansions(samples) if clips else []
+        frames = self.audio.frames(samples) if clips else []
+        standalone: Sequence[int] = range(len(frames))
+        if self.audio_in_video and plans:
+            plans, frames, standalone = self._with_tracks(
+                c, plans, samples, video_names=video_names, videos=videos or {}, config=config
+            )
+        heard = [self.audio.expansion_of(frames[i]) for i in standalone]
+        expansions = [self._video_expansion(plan) for plan in plans]
 
         chat = self.messages(turns)
         try:
@@ -375,7 +385,7 @@ class ProcessorChat:
             video_order=c.videos.order,
             video_plans=plans,
             audio_order=c.audios.order,
-            audio_frames=self.audio.frames(samples) if clips else [],
+            audio_frames=frames,
         )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
@@ -418,6 +428,121 @@ class ProcessorChat:
             return None
         found = getattr(self.processor, "model_position_id_per_seconds", None)
         return float(found) if found else hf_compat.omni_position_id_per_seconds(self.family_name)
+
+    def interleave_tracks(self) -> None:
+        """Interleave each video's own audio track with its frames from now on
+        (``audio_config['load_audio_from_video']``; the build checks the family's rule)."""
+        self.audio_in_video = True
+        self._fingerprint = None  # the switch joins it
+
+    def _track_spec(self) -> dict[str, Any]:
+        """The :class:`MRope` fields of a family whose processor interleaves a video's own
+        audio track (its audio-start token, its rule, the thinker's ``seconds_per_chunk``)."""
+        rule = self.family.audio if self.family is not None else None
+        if rule is None or rule.interleave is None:
+            return {}
+        found = getattr(self.processor, "model_seconds_per_chunk", None)
+        return {
+            "audio_start_id": self.tokenizer.convert_tokens_to_ids(self.processor.audio_bos_token),
+            "interleave": rule.interleave,
+            "seconds_per_chunk": (
+                float(found) if found else hf_compat.omni_seconds_per_chunk(self.family_name)
+            ),
+        }
+
+    def _with_tracks(
+        self,
+        c: Any,
+        plans: list,
+        samples: Sequence[int],
+        *,
+        video_names: Sequence[str],
+        videos: Mapping[str, bytes],
+        config: PackingConfig,
+    ) -> tuple[list, list[int], list[int]]:
+        """The plans with each video's own audio track (its samples and tokens), the mel
+        frames of every clip in the order they go to the feature extractor (the clips and the
+        tracks as the text shows them: the processor's audio slots), and which of those slots
+        are clips of their own."""
+        from dataclasses import replace
+
+        from energon_packing.encoding.chat import brief
+        from energon_packing.media.audio import length
+
+        tracks = []
+        for i in c.videos.order:
+            name = video_names[i]
+            try:
+                tracks.append(length(videos[name], max_seconds=config.max_audio_seconds).samples)
+            except Skip as e:
+                raise Skip(
+                    e.reason,
+                    f"video {brief(name)}'s own audio track: {e.detail}; "
+                    f"audio_config['load_audio_from_video'] interleaves every video's track, and "
+                    f"the thinker's positions take no silent video beside them: leave the knob "
+                    f"off for such data, or give the video a sound track",
+                ) from None
+        kinds = [
+            piece.kind
+            for _, pieces in c.turns
+            for piece in pieces
+            if not isinstance(piece, str) and piece.kind in ("video", "audio")
+        ]
+        of_clip, of_track = iter(samples), iter(tracks)
+        slots = [next(of_clip) if kind == "audio" else next(of_track) for kind in kinds]
+        standalone = [i for i, kind in enumerate(kinds) if kind == "audio"]
+        frames = self.audio.frames(slots)
+        tracked = [f for f, kind in zip(frames, kinds) if kind == "video"]
+        plans = [
+            replace(
+                plan,
+                audio_samples=n,
+                audio_tokens=self.audio.rule.tokens(f, self.processor),
+            )
+            for plan, n, f in zip(plans, tracks, tracked, strict=True)
+        ]
+        return plans, frames, standalone
+
+    def _video_expansion(self, plan: Any) -> str:
+        """What the processor puts in place of a video's one video token: its frames, or its
+        frames interleaved with its own audio track (:mod:`.av_interleave`)."""
+        if plan.audio_tokens is None:
+            return plan.expansion(
+                video_token=self.video_token,
+                vision_start="<|vision_start|>",
+                vision_end="<|vision_end|>",
+            )
+        per_second, per_chunk = hf_compat.omni_track_timing(self.processor)
+        return av_interleave.track_expansion(
+            kind=self.family.audio.interleave,
+            grid=plan.grid,
+            merge_size=plan.merge_size,
+            second_per_grid=plan.second_per_grid,
+            audio_tokens=plan.audio_tokens,
+            per_second=per_second,
+            seconds_per_chunk=per_chunk,
+            video_token=self.video_token,
+            audio_token=self.audio.token,
+            audio_bos=self.processor.audio_bos_token,
+            audio_eos=self.processor.audio_eos_token,
+        )
+
+    def _clips(self, item: Mapping[str, Any], plans: Sequence[Any]) -> list[bytes]:
+        """A conversation's clips in the order they go to the feature extractor: its own clips
+        and its videos' tracks (the video's bytes: its audio stream) as the ids show them (an
+        audio start right after a vision start opens a video's track)."""
+        tracked = [
+            data
+            for data, plan in zip(item.get("videos") or [], plans)
+            if plan.audio_tokens is not None
+        ]
+        if not tracked:
+            return list(item.get("audios") or [])
+        ids = np.asarray(item["input_ids"])
+        starts = np.flatnonzero(ids == self.mrope.audio_start_id)
+        in_video = [bool(at and ids[at - 1] == self.mrope.vision_start_id) for at in starts]
+        of_clip, of_track = iter(item.get("audios") or []), iter(tracked)
+        return [next(of_track) if video else next(of_clip) for video in in_video]
 
     def _no_audio(self) -> str:
         """Why this layout takes no audio (the ``unsupported_audio`` detail)."""
@@ -496,17 +621,20 @@ class ProcessorChat:
                     media[n] = {**media[n], **clips}
                 except Exception as e:  # Skip or a mismatch: it alone
                     media[n] = e
-            if item.get("audios") and not isinstance(media[n], Exception):
-                try:  # the conversation's clips in a call of their own (AudioRule.padding)
+            if isinstance(media[n], Exception):
+                continue
+            try:  # the conversation's clips in a call of their own (AudioRule.padding)
+                clips = self._clips(item, plans[n])
+                if clips:
                     heard = self.audio.features(
                         key=item["key"],
-                        clips=item["audios"],
+                        clips=clips,
                         input_ids=item["input_ids"],
                         max_seconds=config.max_audio_seconds,
                     )
                     media[n] = {**media[n], **heard}
-                except Exception as e:  # Skip or a mismatch: it alone
-                    media[n] = e
+            except Exception as e:  # Skip or a mismatch: it alone
+                media[n] = e
         tokens: list[dict] = [{} for _ in items]
         if self.images is not None:
             kept = [n for n, found in enumerate(media) if not isinstance(found, Exception)]

@@ -54,7 +54,7 @@ class AudioSide:
 
     def configure(self, overrides: Mapping[str, Any]) -> None:
         """The feature extractor rebuilt with ``audio_config``'s settings over its own (a
-        video's audio-track switch, refused unless off, is not the feature extractor's)."""
+        video's audio-track switch is not the feature extractor's: the chat layout takes it)."""
         from energon_packing.config import AUDIO_IN_VIDEO_KEYS
 
         overrides = {k: v for k, v in overrides.items() if k not in AUDIO_IN_VIDEO_KEYS}
@@ -106,9 +106,14 @@ class AudioSide:
 
     def expansions(self, samples: Sequence[int]) -> list[str]:
         """Each clip's placeholder expansion, as ``replace_audio_token`` writes it."""
+        return [self.expansion_of(f) for f in self.frames(samples)]
+
+    def expansion_of(self, frames: int) -> str:
+        """The placeholder expansion of a clip of ``frames`` mel frames."""
+        tokens = self.rule.tokens(frames, self.processor)
         if self.rule.expansion is not None:
-            return [self.rule.expansion(self.processor, n) for n in self.tokens(samples)]
-        return [self.token * n for n in self.tokens(samples)]
+            return self.rule.expansion(self.processor, tokens)
+        return self.token * tokens
 
     def features(
         self, *, key: str, clips: Sequence[bytes], input_ids: Any, max_seconds: float | None

@@ -280,18 +280,22 @@ def video_settings(path: Path | str) -> dict | None:
 def _with_model_settings(processor: Any, path: Path) -> Any:
     """``processor`` with what the directory's model ``config.json`` says of positions
     (``vision_config.tokens_per_second``, Qwen2.5-VL, so the knob can be checked against it;
-    the Omni thinkers' ``position_id_per_seconds``, top level or under ``thinker_config``)."""
+    the Omni thinkers' ``position_id_per_seconds`` and ``seconds_per_chunk``, top level or
+    under ``thinker_config``)."""
     try:
         config = json.loads((path / "config.json").read_text())
         found = config.get("vision_config", {}).get("tokens_per_second")
         thinker = config.get("thinker_config", config)
         per_second = thinker.get("position_id_per_seconds")
+        per_chunk = thinker.get("seconds_per_chunk")
     except (OSError, ValueError, AttributeError):
         return processor
     if isinstance(found, (int, float)) and not isinstance(found, bool):
         processor.model_tokens_per_second = found
     if isinstance(per_second, (int, float)) and not isinstance(per_second, bool):
         processor.model_position_id_per_seconds = per_second
+    if isinstance(per_chunk, (int, float)) and not isinstance(per_chunk, bool):
+        processor.model_seconds_per_chunk = per_chunk
     return processor
 
 

@@ -43,6 +43,10 @@ class AudioRule:
             ``feature_attention_mask``; Gemma 3n's ``input_features_mask``, boolean).
         multiple: See ``"multiple"``.
         max_samples: See ``"multiple"``.
+        interleave: How the processor interleaves a video's own audio track with its frames
+            (``audio_config['load_audio_from_video']``): ``"chunks"`` (Qwen2.5-Omni) or
+            ``"tokens"`` (Qwen3-Omni), :mod:`energon_packing.encoding.av_interleave`; None:
+            the family's processor takes no video track.
     """
 
     name: str
@@ -52,6 +56,7 @@ class AudioRule:
     mask: str = "feature_attention_mask"
     multiple: int = 1
     max_samples: int | None = None
+    interleave: str | None = None
 
     def frames(self, samples: list[int], extractor: Any) -> list[int]:
         """Each clip's mel frames (the mask's sum) in a call with the conversation's clips
@@ -101,9 +106,11 @@ def _qwen3_omni_tokens(frames: int, processor: Any) -> int:
 
 
 QWEN2_5_OMNI_AUDIO = AudioRule(
-    name="qwen2_5_omni", padding="max_length", tokens=_qwen2_5_omni_tokens
+    name="qwen2_5_omni", padding="max_length", tokens=_qwen2_5_omni_tokens, interleave="chunks"
 )
-QWEN3_OMNI_AUDIO = AudioRule(name="qwen3_omni", padding="longest", tokens=_qwen3_omni_tokens)
+QWEN3_OMNI_AUDIO = AudioRule(
+    name="qwen3_omni", padding="longest", tokens=_qwen3_omni_tokens, interleave="tokens"
+)
 
 
 def _gemma3n_audio_tokens(frames: int, processor: Any) -> int:

@@ -42,6 +42,10 @@ class VideoPlan:
     #: seconds a temporal patch spans: Qwen2.5-VL's ``second_per_grid_ts``, the Omni thinkers'
     #: ``video_second_per_grid``
     second_per_grid: float = 1.0
+    #: the video's own audio track, interleaved with its frames (``audio_config
+    #: ['load_audio_from_video']``): its samples at 16 kHz and its audio tokens (None: no track)
+    audio_samples: int | None = None
+    audio_tokens: int | None = None
 
     @property
     def frames(self) -> int:

@@ -320,3 +320,25 @@ def without_videos(item: Conversation) -> Conversation:
     document = {k: v for k, v in item.document.items() if k != "videos"}
     document["messages"] = messages
     return Conversation(key=item.key, document=document, images=dict(item.images))
+
+
+def with_sound(video: bytes, sound: bytes) -> bytes:
+    """``video`` (an MP4) with ``sound``'s audio stream (an M4A, AAC) muxed beside its own
+    stream, packets copied (nothing re-encoded): a video with its own audio track."""
+    import av
+
+    out = io.BytesIO()
+    with (
+        av.open(io.BytesIO(video)) as frames,
+        av.open(io.BytesIO(sound)) as heard,
+        av.open(out, mode="w", format="mp4", options={"fflags": "+bitexact"}) as muxed,
+    ):
+        sources = [(frames, frames.streams.video[0]), (heard, heard.streams.audio[0])]
+        # every stream before the first packet: the header is written with the first
+        targets = [muxed.add_stream_from_template(stream) for _, stream in sources]
+        for (container, stream), target in zip(sources, targets):
+            for packet in container.demux(stream):
+                if packet.dts is not None:  # the demuxer's final empty packet
+                    packet.stream = target
+                    muxed.mux(packet)
+    return out.getvalue()
