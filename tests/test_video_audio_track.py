@@ -31,7 +31,13 @@ from energon_packing.trainer import prepacked_microbatches
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("av")
 
-from test_video_omni import DATA, SMALL, StandInVideoProcessor, _parts  # noqa: E402
+from test_video_omni import (  # noqa: E402
+    DATA,
+    SMALL,
+    StandInVideoProcessor,
+    _parts,
+    template_messages,
+)
 
 from energon_packing.testing import hf  # noqa: E402
 from energon_packing.testing.families import build  # noqa: E402
@@ -148,19 +154,7 @@ def _reference(processor, key: str, tmp, video_config: dict) -> dict:
     """The real Omni processor on the conversation alone, its videos' tracks given decoded as
     its audio slots (the clips and the tracks in the order the text shows them)."""
     document, parts = BY_KEY[key]
-    messages = [
-        {
-            "role": m["role"],
-            "content": [
-                {"type": "text", "text": p["text"]} if p["type"] == "text" else {"type": p["type"]}
-                for p in m["content"]
-            ]
-            if isinstance(m["content"], list)
-            else m["content"],
-        }
-        for m in document["messages"]
-    ]
-    text = processor.apply_chat_template(messages, tokenize=False)
+    text = processor.apply_chat_template(template_messages(document), tokenize=False)
     paths, slots, of_video = [], [], []
     for kind, name in _in_order(document, ("video", "audio")):
         slots.append(audio.decode(parts[name]))

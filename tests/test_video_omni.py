@@ -209,14 +209,9 @@ def _in_order(document: dict, kind: str) -> list[str]:
     ]
 
 
-def _reference(
-    processor, key: str, tmp: Path, video_config: dict | None, *, by_key: dict | None = None
-) -> dict:
-    """The real Omni processor on the conversation alone (the stand-in video processor in
-    its video processor's place; ``tests/test_video_real.py``: a real processor and video
-    processor, over ``by_key``'s conversations)."""
-    document, parts = (by_key or BY_KEY)[key]
-    messages = [
+def template_messages(document: dict) -> list[dict]:
+    """A document's messages as a chat template takes them: each medium a bare part."""
+    return [
         {
             "role": m["role"],
             "content": [
@@ -228,7 +223,16 @@ def _reference(
         }
         for m in document["messages"]
     ]
-    text = processor.apply_chat_template(messages, tokenize=False)
+
+
+def _reference(
+    processor, key: str, tmp: Path, video_config: dict | None, *, by_key: dict | None = None
+) -> dict:
+    """The real Omni processor on the conversation alone (the stand-in video processor in
+    its video processor's place; ``tests/test_video_real.py``: a real processor and video
+    processor, over ``by_key``'s conversations)."""
+    document, parts = (by_key or BY_KEY)[key]
+    text = processor.apply_chat_template(template_messages(document), tokenize=False)
     paths = []
     for name in _in_order(document, "video"):
         (tmp / name).write_bytes(parts[name])
