@@ -254,15 +254,15 @@ def callable_without_videos(processor):
     return callable_copy
 
 
-def clips_heard_together(family: str, documents) -> bool:
+def clips_heard_together(family: str, documents, *, tracks: bool = False) -> bool:
     """Whether the installed release's audio encoder lets the clips of a pack of these
-    conversations attend to each other: two or more carry ``audios`` and its encoder does not
-    keep the clips of a call apart (Qwen3-Omni before
-    :data:`~energon_packing.encoding.hf_compat.OMNI_AUDIO_WINDOWS_SINCE`). Their logits cannot
-    equal each alone, and ``to_hf`` refuses such a pack."""
+    conversations attend to each other: two or more carry ``audios`` (or, ``tracks``: videos
+    whose own tracks are interleaved) and its encoder does not keep the clips of a call apart
+    (Qwen3-Omni before :data:`~energon_packing.encoding.hf_compat.OMNI_AUDIO_WINDOWS_SINCE`).
+    Their logits cannot equal each alone, and ``to_hf`` refuses such a pack."""
     from energon_packing.encoding import hf_compat
 
-    hearing = sum(bool(d.get("audios")) for d in documents)
+    hearing = sum(bool(d.get("audios") or (tracks and d.get("videos"))) for d in documents)
     return hearing > 1 and not hf_compat.omni_audio_clips_apart(family)
 
 
