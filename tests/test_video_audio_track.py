@@ -72,9 +72,13 @@ SETTINGS = [
 ]
 
 
+#: a video without an audio stream: skipped ``audio_no_stream`` with the switch on
+SILENT = "silent_video"
+
+
 def _conversations() -> list[tuple[str, dict, dict]]:
     """(key, document, parts): a video with a longer track, a clip then a video with a shorter
-    track and an image, two videos with tracks in two turns, text only."""
+    track and an image, two videos with tracks in two turns, text only, a silent video."""
     from test_video_omni import _png
 
     small = (DATA / "h264_48x36_10fps_2s.mp4").read_bytes()
@@ -138,6 +142,17 @@ def _conversations() -> list[tuple[str, dict, dict]]:
                 ]
             },
             {},
+        ),
+        (
+            SILENT,
+            {
+                "messages": [
+                    {"role": "user", "content": _parts(("video", "e.mp4"), "Heard?")},
+                    {"role": "assistant", "content": "Nothing."},
+                ],
+                "videos": ["e.mp4"],
+            },
+            {"e.mp4": small},
         ),
     ]
 
@@ -261,7 +276,10 @@ def test_a_videos_own_track_is_the_processors_and_packed_logits_each_conversatio
                 continue
             alone = hf.run(model, {**ref, "use_audio_in_video": True})
             worst = max(worst, float((logits[start : start + n] - alone[:n]).abs().max()))
-    assert sorted(seen) == sorted(BY_KEY) and not te.stats.skipped
+    # every conversation in exactly one pack, or in the skip report under its reason
+    assert sorted(seen) == sorted(k for k in BY_KEY if k != SILENT)
+    assert te.stats.skipped == {"audio_no_stream": 1}
+    assert te.stats.skipped_keys == {"audio_no_stream": [SILENT]}
     assert tracks == 4
     print(f"{family} {video_config}: max |packed - alone| logit difference {worst:.2e}")
     assert worst <= 1e-5, f"{family}: per-source logits differ by {worst:.2e}"
