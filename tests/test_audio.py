@@ -240,6 +240,35 @@ def test_decoding_equals_ffmpeg_resampling_to_mono_16k():
     assert np.array_equal(audio.decode(data), np.concatenate(expected))
 
 
+def test_a_part_with_several_audio_streams_is_read_at_ffmpegs_best_stream():
+    """transformers' loader (torchcodec) reads FFmpeg's best audio stream, the one marked
+    default, not simply the first: so do the length and the decode."""
+    import io
+
+    import av
+
+    quiet, loud = clip("m4a", seconds=0.6, seed=1), clip("m4a", seconds=1.4, seed=2, channels=2)
+    out = io.BytesIO()
+    with (
+        av.open(io.BytesIO(quiet)) as first,
+        av.open(io.BytesIO(loud)) as second,
+        av.open(out, mode="w", format="mp4") as muxed,
+    ):
+        sources = [(first, first.streams.audio[0]), (second, second.streams.audio[0])]
+        targets = [muxed.add_stream_from_template(stream) for _, stream in sources]
+        targets[0].disposition, targets[1].disposition = 0, av.stream.Disposition.default
+        for (container, stream), target in zip(sources, targets):
+            for packet in container.demux(stream):
+                if packet.dts is not None:
+                    packet.stream = target
+                    muxed.mux(packet)
+    data = out.getvalue()
+    with av.open(io.BytesIO(data)) as container:
+        assert container.streams.best("audio").index == 1  # FFmpeg's choice: the default one
+    assert np.array_equal(audio.decode(data), audio.decode(loud))
+    assert audio.length(data).samples == len(audio.decode(loud)) != len(audio.decode(quiet))
+
+
 # ---- documents and reasons -----------------------------------------------------------------
 
 

@@ -77,6 +77,12 @@ def _open(data: bytes) -> Any:
     return container
 
 
+def _stream(container: Any) -> Any:
+    """The audio stream transformers' loader reads: FFmpeg's best one (torchcodec's default,
+    ``av_find_best_stream``: the default-disposition stream first), not simply the first."""
+    return container.streams.best("audio") or container.streams.audio[0]
+
+
 def _too_long(seconds: float, max_seconds: float | None) -> None:
     if max_seconds is not None and seconds > max_seconds:
         raise Skip(
@@ -94,7 +100,7 @@ def length(data: bytes, *, max_seconds: float | None = None) -> AudioLength:
     """
     container = _open(data)
     try:
-        stream = container.streams.audio[0]
+        stream = _stream(container)
         codec = stream.codec_context
         if (
             codec.name in _EXACT_CODECS
@@ -127,7 +133,7 @@ def decode(data: bytes, *, max_seconds: float | None = None) -> np.ndarray:
     held = 0
     try:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
-        for frame in container.decode(audio=0):
+        for frame in container.decode(_stream(container)):
             for out in resampler.resample(frame):
                 parts.append(out.to_ndarray().reshape(-1))
                 held += parts[-1].size
