@@ -472,3 +472,37 @@ def test_a_block_is_the_processors_text_and_the_thinkers_positions(family, t, h,
         second_per_grids=torch.tensor([second_per_grid]),
     )
     assert np.array_equal(ours, rope[:, 0].long().numpy())
+
+
+def test_pack_time_without_the_encode_time_plans_is_refused_naming_the_sample():
+    """A video's track lives in its encode-time plan: without the plans (``source`` called
+    with bare videos) the conversation fails naming the sample, never packs without its
+    features or with text positions on its audio tokens."""
+    from helpers import conversation_sample
+
+    from energon_packing.encoding.processor import ProcessorMismatchError
+
+    processor = build("qwen2_5_omni", model=False)[0]
+    te = PackingTaskEncoder(
+        max_input_seq_length=8192,
+        processor=processor,
+        audio_config=TRACK,
+        video_config={"do_sample_frames": True, "fps": 2.0, "size": SMALL},
+    )
+    key, document, parts = CONVERSATIONS[0]
+    encoded = te.encode_sample(conversation_sample(key, document, parts))
+    item = {
+        "key": key,
+        "input_ids": encoded.input_ids,
+        "token_mask": encoded.token_mask,
+        "images": [],
+        "videos": encoded.videos,
+        "audios": [],
+    }
+    (found,) = te.chat.sources(items=[item], config=te.config)
+    assert isinstance(found, ProcessorMismatchError)
+    assert f"sample {key!r}" in str(found) and "video_plans" in str(found)
+    (kept,) = te.chat.sources(
+        items=[{**item, "video_plans": encoded.video_plans}], config=te.config
+    )
+    assert "input_features" in kept.media and "pixel_values_videos" in kept.media

@@ -656,6 +656,13 @@ class ProcessorChat:
         """The plans (made at encode time, else now) and model inputs of one conversation's
         videos, decoded now; the ids must hold as many video tokens as the plans expand to."""
         key, videos = item["key"], item["videos"]
+        if self.audio_in_video and not item.get("video_plans"):
+            raise ProcessorMismatchError(
+                f"{self.family_name} ({self.name}): sample {key!r}: its videos come without the "
+                f"plans encode() made, and with audio_config['load_audio_from_video'] those "
+                f"carry each video's track (its length, its tokens' place in the ids); pass "
+                f"the encoding's video_plans"
+            )
         plans = list(item.get("video_plans") or [self.videos.plan(data) for data in videos])
         clips = decode_once(self.videos.media, videos, plans)
         held = int(np.count_nonzero(np.asarray(item["input_ids"]) == self.video_token_id))
