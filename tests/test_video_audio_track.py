@@ -349,6 +349,29 @@ def test_a_silent_video_is_skipped_naming_the_switch_and_other_families_refuse_i
     assert found.value.reason == "audio_no_stream"
     assert "video 'a.mp4''s own audio track" in found.value.detail
     assert "load_audio_from_video" in found.value.detail
+    # a track over max_audio_seconds: its own reason and knob, no word of silent videos
+    loud = with_sound(silent, clip("m4a", seconds=3.0, seed=7))
+    te = PackingTaskEncoder(
+        max_input_seq_length=4096,
+        processor=processor,
+        video_config={"do_sample_frames": True, "fps": 2.0, "size": SMALL},
+        audio_config=TRACK,
+        max_audio_seconds=1.0,
+    )
+    with pytest.raises(Skip) as found:
+        te.chat.encode(
+            key="long",
+            messages=document["messages"],
+            image_names=[],
+            images={},
+            video_names=["a.mp4"],
+            videos={"a.mp4": loud},
+            loss_weight=1.0,
+            config=te.config,
+        )
+    assert found.value.reason == "audio_too_long"
+    assert found.value.detail.startswith("video 'a.mp4''s own audio track: a clip of ")
+    assert "max_audio_seconds" in found.value.detail and "silent" not in found.value.detail
 
 
 def test_a_family_without_an_interleave_rule_refuses_the_switch():

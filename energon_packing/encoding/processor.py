@@ -475,13 +475,14 @@ class ProcessorChat:
             try:
                 tracks.append(length(videos[name], max_seconds=config.max_audio_seconds).samples)
             except Skip as e:
-                raise Skip(
-                    e.reason,
-                    f"video {brief(name)}'s own audio track: {e.detail}; "
-                    f"audio_config['load_audio_from_video'] interleaves every video's track, and "
-                    f"the thinker's positions take no silent video beside them: leave the knob "
-                    f"off for such data, or give the video a sound track",
-                ) from None
+                why = e.detail
+                if e.reason == "audio_no_stream":  # the others' details name their own fix
+                    why += (
+                        "; audio_config['load_audio_from_video'] interleaves every video's "
+                        "track, and the thinker's positions take no silent video beside them: "
+                        "leave the knob off for such data, or give the video a sound track"
+                    )
+                raise Skip(e.reason, f"video {brief(name)}'s own audio track: {why}") from None
         kinds = [
             piece.kind
             for _, pieces in c.turns
