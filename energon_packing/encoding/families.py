@@ -343,6 +343,15 @@ REFUSED: dict[str, str] = {
         "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
     ),
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
+    # measured on the real modeling code, tiny random models (tests/test_phi4_refused.py)
+    "phi4_multimodal": (
+        "its forward mixes the conversations of one call three ways: its audio encoder's "
+        "outputs on a clip depend on the padding of the longest clip beside it, its audio "
+        "projection switches to the vision-speech weights when the call holds any image, and "
+        "its longrope uses the long factors at every position once the row's largest position "
+        "passes original_max_position_embeddings (4,096 published; text packs are exact only "
+        "that wide); not laid out"
+    ),
 }
 
 

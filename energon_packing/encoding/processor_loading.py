@@ -186,6 +186,7 @@ def load_processor(path: str | Path) -> Any:
                 f"as a text model, but its tokenizer does not load: {_cause(e)}"
             ) from e
     class_name = _processor_class_name(path)
+    _refuse_refused_model(path, class_name)
     _require_family_packages(path, class_name)
     processor_cls = _transformers_class(class_name)
     if (
@@ -227,6 +228,21 @@ def load_processor(path: str | Path) -> Any:
             f"{type(processor).__name__}, not a processor with an image processor; {_TEXT}"
         )
     return _with_model_settings(processor, path)
+
+
+def _refuse_refused_model(path: Path, class_name: str | None) -> None:
+    """Raises the refusal line (:data:`~.families.REFUSED`) where the directory's
+    ``config.json`` names a refused model type, before its processor is built: a processor that
+    needs more than is installed (Phi-4-multimodal's torchvision) would hide why in an
+    ImportError."""
+    from energon_packing.encoding.families import REFUSED, refusal
+
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return
+    if model_type in REFUSED:
+        raise ValueError(f"{path}: {refusal(class_name or 'its processor', model_type)}")
 
 
 def _require_family_packages(path: Path, class_name: str | None) -> None:
