@@ -241,7 +241,7 @@ class PackingKnobs:
         0,
         effect="pool of packs from which each step emits the one nearest to a cost target "
         "shared by all data-parallel ranks; 0 = off",
-        related="DP size; 32-128",
+        related="DP size; 32-128, about 2x the DP size past 64 ranks",
     )
     unpacked: bool = _knob(
         False,
