@@ -166,7 +166,12 @@ def _model(source: Any, config: PackingConfig) -> Any:
     """The model the packs are for (:class:`.models.ModelInfo`, or None where nothing names
     it), its layers checked: ``model_type=`` first, else what the processor or tokenizer was
     saved with. Raises for layers that would mix packed conversations."""
-    from energon_packing.encoding.models import check_layers, info_of, model_info_for_type
+    from energon_packing.encoding.models import (
+        check_layers,
+        check_rope,
+        info_of,
+        model_info_for_type,
+    )
 
     model_type = getattr(config, "model_type", None)
     info = model_info_for_type(model_type) if model_type else None
@@ -180,4 +185,7 @@ def _model(source: Any, config: PackingConfig) -> Any:
     if info is not None and not getattr(config, "unpacked", False):  # one per row: exact
         allow = bool(getattr(config, "allow_stateful_layers", False))
         check_layers(info, allow_stateful_layers=allow, where="PackingTaskEncoder")
+        width = getattr(config, "max_input_seq_length", None)
+        if width is not None:
+            check_rope(info, width=width, where="PackingTaskEncoder")
     return info

@@ -19,6 +19,7 @@ type, unless ``allow_stateful_layers=True`` (the kernels must then be told the b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ __all__ = [
     "ModelInfo",
     "StatefulLayersError",
     "check_layers",
+    "check_rope",
     "find_model_config",
     "info_of",
     "model_info",
@@ -106,11 +108,19 @@ class ModelInfo:
         model_type: The config's ``model_type`` (e.g. ``"qwen3_5"``).
         layer_types: The text model's layer kinds in order (``()`` when its config lists none).
         source: Where it was read (for error messages).
+        rope_bound: Where the text model's rotary frequencies follow the row's largest
+            position (``longrope``, ``dynamic`` NTK): the longest row that keeps them as a
+            conversation alone has them (``original_max_position_embeddings``; dynamic: its
+            ``max_position_embeddings``), so a pack is exact only that wide. None: they do not
+            depend on the row.
+        rope_type: That rotary type (for the message).
     """
 
     model_type: str
     layer_types: tuple[str, ...] = ()
     source: str = ""
+    rope_bound: int | None = None
+    rope_type: str = ""
 
     @property
     def stateful_layers(self) -> dict[str, int]:
@@ -195,10 +205,56 @@ def model_info(config: Any, *, source: str = "") -> ModelInfo:
     model_type = _get(config, "model_type") or ""
     text = text_config(config)
     text_type = _get(text, "model_type") or model_type
+    rope_type, bound = _rope_bound(text)
     return ModelInfo(
         model_type=str(model_type),
         layer_types=_layer_types(text, str(text_type)),
         source=source,
+        rope_bound=bound,
+        rope_type=rope_type,
+    )
+
+
+#: Rotary types whose frequencies transformers picks per forward from the row's largest
+#: position (``modeling_rope_utils.dynamic_rope_update``): a short conversation packed beside
+#: positions past the bound gets other frequencies than alone (tests/test_phi4_refused.py).
+ROW_DEPENDENT_ROPE = ("longrope", "dynamic")
+
+
+def _rope_bound(text: Any) -> tuple[str, int | None]:
+    """``(rope type, bound)`` of a text config whose rotary frequencies follow the row's
+    largest position (:data:`ROW_DEPENDENT_ROPE`), else ``("", None)``; per-layer-type rope
+    parameters (Gemma 3's) are each looked at."""
+    found = _get(text, "rope_parameters") or _get(text, "rope_scaling")
+    if not isinstance(found, Mapping):
+        return "", None
+    nested = [v for v in found.values() if isinstance(v, Mapping)]
+    for rope in nested or [found]:
+        kind = str(rope.get("rope_type") or rope.get("type") or "")
+        if not any(k in kind for k in ROW_DEPENDENT_ROPE):
+            continue
+        if "dynamic" in kind:  # it recomputes past its max_position_embeddings
+            bound = _get(text, "max_position_embeddings")
+        else:
+            bound = rope.get("original_max_position_embeddings") or _get(
+                text, "original_max_position_embeddings"
+            )
+        if isinstance(bound, int) and bound > 0:
+            return kind, bound
+    return "", None
+
+
+def check_rope(info: ModelInfo, *, width: int, where: str) -> None:
+    """Raises where packs ``width`` wide would give the model other rotary frequencies than
+    each conversation alone (:attr:`ModelInfo.rope_bound`)."""
+    if info.rope_bound is None or width <= info.rope_bound:
+        return
+    raise ValueError(
+        f"{where}: model type {info.model_type!r} ({info.source}) uses {info.rope_type} "
+        f"rotary embeddings, which take other frequencies at every position once the row's "
+        f"largest position passes {info.rope_bound:,}; a pack {width:,} wide (padding "
+        f"included) would give its conversations other frequencies than alone: set "
+        f"max_input_seq_length <= {info.rope_bound:,}, or train unpacked (unpacked=True)"
     )
 
 
@@ -241,7 +297,7 @@ def model_info_for_type(model_type: str) -> ModelInfo:
     hidden = _DEFAULT_HIDES.get(model_type) or _DEFAULT_HIDES.get(text_type)
     if hidden and not info.stateful_layers:  # its default config lists no such layer
         kinds = (hidden,) * max(len(info.layer_types), 1)
-        return ModelInfo(model_type=info.model_type, layer_types=kinds, source=info.source)
+        return dataclasses.replace(info, layer_types=kinds)
     return info
 
 

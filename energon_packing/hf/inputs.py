@@ -44,6 +44,7 @@ from energon_packing.encoding.families import REFUSED, family_of_model
 from energon_packing.encoding.models import (
     StatefulLayersError,
     check_layers,
+    check_rope,
     model_info,
     text_config,
 )
@@ -151,6 +152,9 @@ def to_hf(
         ValueError: an empty batch, a batch of several packs without ``row=``, both ``model``
             and ``config``, or Gemma 3 without either.
         StatefulLayersError: a model whose layers mix packed conversations (a ValueError).
+        ValueError: a model whose rotary frequencies follow the row (longrope, dynamic NTK:
+            :func:`~energon_packing.encoding.models.check_rope`) given a pack wider than its
+            bound.
     """
     if model is not None and config is not None:
         raise ValueError("to_hf: pass model= or config=, not both")
@@ -171,6 +175,9 @@ def to_hf(
     varlen = "flash" in (attn or "")
     if config is not None and _stateful(config, model, allow_stateful_layers):
         varlen = True  # the boundaries are what those layers' kernels read
+    if config is not None:  # longrope / dynamic rotary frequencies follow the row's width
+        info = model_info(config, source=type(model or config).__name__)
+        check_rope(info, width=int(batch[INPUT_IDS][row].shape[-1]), where="to_hf")
     family = family_of_model(model_type)
     gemma3 = family is not None and family.image_blocks
     named = {"gemma3": "Gemma 3", "gemma4": "Gemma 4"}.get(getattr(family, "name", ""), "")
