@@ -253,14 +253,21 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
         source_ids=[s.key for s in sources],
         image_source_index=np.asarray(owners, dtype=np.int64),
         video_source_index=np.asarray(video_owners, dtype=np.int64),
-        media={name: _concatenate(parts) for name, parts in media.items()},
+        media={name: _concatenate(parts, MEDIA_FILL.get(name, 0)) for name, parts in media.items()},
         token_fields=tokens,
     )
 
 
-def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
+#: Media fields a processor pads with other than zeros across a call's images (Phi-4-multimodal
+#: pads the crop masks of an image with fewer crops with ones: its vision tower then reads the
+#: zero pixels of a padding crop as a whole crop, which it drops after; a zero mask would leave
+#: every patch of that crop masked, and its attention rows without a key).
+MEDIA_FILL = {"image_attention_mask": 1}
+
+
+def _concatenate(parts: list[np.ndarray], fill: int = 0) -> np.ndarray:
     """Concatenated on dim 0; where the trailing dims differ (tiles or patches per image), each
-    part is zero-padded to the largest first, as a processor pads a batch. Parts that are
+    part is padded to the largest first with ``fill``, as a processor pads a batch. Parts that are
     consecutive pieces of one array (one image-processor call for a whole pack) are joined
     without a copy: a view of that array."""
     if len(parts) == 1:
@@ -272,7 +279,12 @@ def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
     if len(trailing) > 1:
         widest = tuple(max(sizes) for sizes in zip(*trailing))
         parts = [
-            np.pad(p, [(0, 0), *((0, w - s) for s, w in zip(p.shape[1:], widest))]) for p in parts
+            np.pad(
+                p,
+                [(0, 0), *((0, w - s) for s, w in zip(p.shape[1:], widest))],
+                constant_values=fill,
+            )
+            for p in parts
         ]
     # in a worker, large media are written where they cross to the main process
     shape = (sum(len(p) for p in parts), *parts[0].shape[1:])

@@ -306,6 +306,18 @@ FAMILIES: tuple[Family, ...] = (
         audio=QWEN2_5_OMNI_AUDIO,
         vision_start="<|vision_bos|>",
     ),
+    # Phi-4-multimodal: the image's HD crops of 448 px (at most dynamic_hd) and a global
+    # view, a token count fixed by its size; crops padded across a call (their masks with
+    # ones: schema.MEDIA_FILL); 1-D positions, its longrope bound on the pack's width
+    # (models.check_rope)
+    Family(
+        name="phi4_multimodal",
+        classes=("Phi4MultimodalProcessor",),
+        model_types=("phi4_multimodal",),
+        replacement_inputs=image_rules.phi4_inputs,
+        expansion=image_rules.phi4_expansion,
+        needs=("torchvision",),
+    ),
     Family(
         name="qwen3_omni",
         expansion=image_rules.qwen_expansion,
@@ -343,15 +355,6 @@ REFUSED: dict[str, str] = {
         "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
     ),
     "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
-    # measured on the real modeling code, tiny random models (tests/test_phi4_refused.py)
-    "phi4_multimodal": (
-        "its forward mixes the conversations of one call three ways: its audio encoder's "
-        "outputs on a clip depend on the padding of the longest clip beside it, its audio "
-        "projection switches to the vision-speech weights when the call holds any image, and "
-        "its longrope uses the long factors at every position once the row's largest position "
-        "passes original_max_position_embeddings (4,096 published; text packs are exact only "
-        "that wide); not laid out"
-    ),
 }
 
 

@@ -7,7 +7,9 @@ and the expansion an older release's ``__call__`` writes. The registry
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -406,3 +408,85 @@ def pixtral_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
             )
         out.append([rh, rw])
     return {"image_sizes": out}
+
+
+def _phi4_layout(height: int, width: int, size: int, max_crops: int) -> tuple:
+    """Phi-4-multimodal's crop grid ``(w_crops, h_crops)`` and the padding ``(w, h)`` in px its
+    image processor adds (its ``_get_crop_layout``, in plain Python)."""
+    w_crops, h_crops = math.ceil(width / size), math.ceil(height / size)
+    if w_crops * h_crops > max_crops:
+        aspect = width / height
+        ratios = sorted(  # the processor's own set and order: ties keep its pick
+            {
+                (i, j)
+                for n in range(1, max_crops + 1)
+                for i in range(1, n + 1)
+                for j in range(1, n + 1)
+                if 1 <= i * j <= max_crops
+            },
+            key=lambda r: r[0] * r[1],
+        )
+        best, best_diff = (1, 1), float("inf")
+        for ratio in ratios:
+            diff = abs(aspect - ratio[0] / ratio[1])
+            if diff < best_diff:
+                best, best_diff = ratio, diff
+            elif diff == best_diff and width * height > 0.5 * size * size * ratio[0] * ratio[1]:
+                best = ratio
+        w_crops, h_crops = best
+    target_w, target_h = size * w_crops, size * h_crops
+    if target_w / width < target_h / height:
+        new_w, new_h = target_w, int(height * (target_w / width))
+    else:
+        new_w, new_h = int(width * (target_h / height)), target_h
+    if min(new_h, target_h) < 10 or min(new_w, target_w) < 10:  # the processor raises
+        raise Skip(
+            "image_aspect_ratio",
+            f"image of {width}x{height} px (upright) has an aspect ratio of "
+            f"{max(height, width) / min(height, width):,.1f}: Phi-4-multimodal's image "
+            f"processor fits it into {target_w}x{target_h} px as {new_w}x{new_h}, a side under "
+            f"10 px, which it refuses; crop or pad such images (e.g. text lines) before packing",
+        )
+    return (w_crops, h_crops), (target_w - new_w, target_h - new_h)
+
+
+def phi4_tokens(height: int, width: int, *, size: int, patch: int, max_crops: int) -> int:
+    """Image tokens Phi-4-multimodal's processor writes for an image: its crop mask's valid
+    patches at even rows and columns of each crop, one per valid row more, and the global
+    image's fixed 256 + 1 + 16 (its ``_get_num_image_tokens``; fixed whatever the size)."""
+    (w_crops, h_crops), (pad_w, pad_h) = _phi4_layout(height, width, size, max_crops)
+    cells = size // patch
+    rows, cols = cells * h_crops, cells * w_crops
+    masked_rows = pad_h // patch if pad_h >= patch else 0
+    masked_cols = pad_w // patch if pad_w >= patch else 0
+    # the mask keeps each crop's even local rows (columns): (r % cells) % 2 == 0
+    valid_rows = sum(1 for r in range(rows - masked_rows) if (r % cells) % 2 == 0)
+    valid_cols = sum(1 for c in range(cols - masked_cols) if (c % cells) % 2 == 0)
+    return 256 + 1 + valid_rows * valid_cols + valid_rows + 16
+
+
+def phi4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Phi-4-multimodal: ``num_img_tokens`` per image, from its size and the image processor's
+    ``size``, ``patch_size`` and ``dynamic_hd`` (what its ``replace_image_token`` reads)."""
+    kwargs = hf_compat.merged_images_kwargs(processor)
+    image_processor = processor.image_processor
+
+    def setting(name: str) -> Any:
+        value = kwargs.get(name)
+        return getattr(image_processor, name) if value is None else value
+
+    size = setting("size")
+    side = size["height"] if isinstance(size, Mapping) else getattr(size, "height", size)
+    count = functools.partial(
+        phi4_tokens,
+        size=int(side),
+        patch=int(setting("patch_size")),
+        max_crops=int(setting("dynamic_hd")),
+    )
+    return {"num_img_tokens": [count(h, w) for per_text in sizes for h, w in per_text]}
+
+
+def phi4_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """Phi-4-multimodal before its public ``replace_image_token``: its ``__call__`` repeats
+    the image token ``num_img_tokens`` times."""
+    return processor.image_token * int(inputs["num_img_tokens"][index])

@@ -529,6 +529,10 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
 
     if family in families_pixtral.PIXTRAL_FAMILIES:  # torchvision: families_pixtral
         return families_pixtral._pixtral_family(family, model)
+    if family == "phi4_multimodal":  # torchvision: families_phi4
+        from energon_packing.testing.families_phi4 import phi4_multimodal
+
+        return phi4_multimodal(model)
     if family.startswith("qwen") and "omni" not in family:
         return _qwen(family, model)
     if family.startswith("glm4"):

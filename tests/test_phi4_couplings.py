@@ -1,7 +1,7 @@
-"""Phi-4-multimodal is refused (issue 32 item 2, issue 33 item 5), and why: its forward mixes
-the conversations of one call, measured here on transformers' own modeling code with a tiny
-random model in float64 (its processor needs torchvision; its model and feature extractor do
-not). Each coupling is shown against a control that changes only what the coupling reads:
+"""Where Phi-4-multimodal's forward mixes the conversations of one call (issue 32 item 2, issue
+33 item 5), measured on transformers' own modeling code with a tiny random model in float64 (its
+processor needs torchvision; its model and feature extractor do not): what its family's rules
+answer. Each coupling is shown against a control that changes only what the coupling reads:
 
 * its audio encoder (a conformer: convolutions over time) reads the padding of a call: a 2 s
   clip padded to a 5 s one beside it is encoded otherwise than alone, and equal to alone beside
@@ -10,9 +10,9 @@ not). Each coupling is shown against a control that changes only what the coupli
   they belong to;
 * its longrope switches every position to the long factors once the row's largest position
   passes ``original_max_position_embeddings``: a short conversation packed beside a longer one
-  is off, beside one under that bound exact.
+  is off, beside one under that bound exact (``models.check_rope`` bounds a pack's width).
 
-While any of these fails to hold on an installed release, the refusal is to be revisited.
+While any of these stops holding on an installed release, its rule can be revisited.
 """
 
 from __future__ import annotations
@@ -165,63 +165,22 @@ def test_its_longrope_follows_the_longest_conversation_of_a_pack(tiny):
     assert within <= 1e-6, f"a pack within {ORIGINAL} positions differs ({within:.2e})"
 
 
-def test_phi4_multimodal_is_refused_naming_why():
-    line = refusal("Phi4MultimodalProcessor", None)
-    assert line.startswith("model type 'phi4_multimodal' (Phi4MultimodalProcessor) is not a")
-    assert REFUSED["phi4_multimodal"] in line and "\n" not in line
-    for named in ("audio encoder", "vision-speech", "longrope"):
-        assert named in REFUSED["phi4_multimodal"]
-
-
-def test_a_phi4_directory_is_refused_before_its_processor_is_built(tmp_path, monkeypatch):
-    """The hub snapshot's config.json and processor config: refused naming why, not failing
-    on the torchvision its image processor needs (nor built where torchvision is present)."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "phi4_multimodal"}))
+def test_a_refused_models_directory_is_refused_before_its_processor_is_built(tmp_path, monkeypatch):
+    """A directory whose config.json names a refused model type: its refusal line, not the
+    error of building a processor that needs more than is installed (Kimi-K2.5's torchvision)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_k25"}))
     (tmp_path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Phi4MultimodalProcessor"})
+        json.dumps({"processor_class": "KimiK25Processor"})
     )
     with pytest.raises(ValueError) as raised:
         load_processor(tmp_path)
-    assert (
-        str(raised.value) == f"{tmp_path}: {refusal('Phi4MultimodalProcessor', 'phi4_multimodal')}"
-    )
-    with pytest.raises(ValueError, match="vision-speech"):
+    assert str(raised.value) == f"{tmp_path}: {refusal('KimiK25Processor', 'kimi_k25')}"
+    assert REFUSED["kimi_k25"] in str(raised.value)
+    with pytest.raises(ValueError, match="not a model family energon_packing packs"):
         PackingTaskEncoder(max_input_seq_length=256, processor=str(tmp_path))
-    # the mutant that builds first: the directory (no image processor config) fails otherwise
     from energon_packing.encoding import processor_loading
 
     monkeypatch.setattr(processor_loading, "_refuse_refused_model", lambda *a: None)
-    with pytest.raises(ValueError) as other:
+    with pytest.raises(ValueError) as other:  # the mutant: fails otherwise
         load_processor(tmp_path)
-    assert "vision-speech" not in str(other.value)
-
-
-@pytest.mark.torchvision
-def test_the_real_phi4_processor_is_refused_at_build():
-    from transformers import (
-        Phi4MultimodalFeatureExtractor,
-        Phi4MultimodalImageProcessor,
-        Phi4MultimodalProcessor,
-    )
-
-    from energon_packing.testing.families import make_tokenizer
-
-    tokenizer = make_tokenizer(
-        extra=["<|image|>", "<|audio|>"],
-        named={"image_token": "<|image|>", "audio_token": "<|audio|>"},
-        eos="<|endoftext|>",
-        pad="<|endoftext|>",
-    )
-    processor = Phi4MultimodalProcessor(
-        image_processor=Phi4MultimodalImageProcessor(),
-        audio_processor=Phi4MultimodalFeatureExtractor(),
-        tokenizer=tokenizer,
-        chat_template=(
-            "{% for m in messages %}{{ '<|' + m['role'] + '|>' }}{% for part in m['content'] %}"
-            "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}<|image|>{% endif %}"
-            "{% endfor %}<|end|>{% endfor %}"
-        ),
-    )
-    with pytest.raises(ValueError) as raised:
-        PackingTaskEncoder(max_input_seq_length=256, processor=processor)
-    assert str(raised.value) == refusal("Phi4MultimodalProcessor", None)
+    assert REFUSED["kimi_k25"] not in str(other.value)

@@ -1,0 +1,154 @@
+"""Phi-4-multimodal through transformers' own ``Phi4MultimodalProcessor``, whose image processor
+exists only with torchvision (issue 33 item 5; issue 32 item 2): the tests marked
+``torchvision`` build the real processor and a tiny random-init ``Phi4MultimodalForCausalLM``
+(:mod:`energon_packing.testing.families_phi4`) and run where torchvision imports (the
+``torchvision`` stack of .ci/stacks.txt); elsewhere they skip, naming it.
+
+Through the real Energon loader: token ids equal the processor's own on each conversation
+alone; ``image_pixel_values``, ``image_sizes`` and ``image_attention_mask`` equal the
+processor's, padded across the pack as the processor pads a call (pixels with zeros, crop masks
+with ones); per-source logits of a pack equal each conversation alone, through ``to_hf``.
+The image-token rule (:func:`energon_packing.encoding.image_rules.phi4_tokens`, plain Python,
+for the releases whose image processor has no ``get_number_of_image_tokens``) equals the image
+processor's on fuzzed sizes and crop caps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import decode_image, loader_batches, make_dataset
+
+from energon_packing import PackingTaskEncoder
+from energon_packing.testing.synth import conversations
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+CAPACITY = 4096
+CONVERSATIONS = list(conversations(16, seed=7))
+BY_KEY = {c.key: c for c in CONVERSATIONS}
+
+
+@pytest.fixture(scope="module")
+def phi4_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("phi4"), CONVERSATIONS, per_shard=16)
+
+
+def _padded(parts: list[torch.Tensor], fill: float) -> torch.Tensor:
+    widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+    out = []
+    for p in parts:
+        pad = []
+        for d in reversed(range(1, p.ndim)):
+            pad += [0, widest[d - 1] - p.shape[d]]
+        out.append(torch.nn.functional.pad(p, pad, value=fill))
+    return torch.cat(out)
+
+
+@pytest.mark.torchvision
+@pytest.mark.energon
+def test_phi4_through_its_processor_and_the_loader(phi4_dataset):
+    from test_families import _processor_call, images_in_order
+
+    from energon_packing.hf import to_hf
+    from energon_packing.testing import hf
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build("phi4_multimodal")
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+    assert te.chat.family_name == "phi4_multimodal"
+    fields = ("image_pixel_values", "image_sizes", "image_attention_mask")
+    sources = images = mixed = 0
+    worst = crossed = 0.0
+    for batch in loader_batches(phi4_dataset, te, buffer=8):
+        inputs = to_hf(batch, model=model)
+        kw = {k: v for k, v in inputs.items() if k not in ("use_cache", "labels")}
+        assert "attention_mask" not in kw
+        logits = hf.run(model, kw)
+        across = hf.run(model, {**kw, "position_ids": torch.arange(CAPACITY)[None]})
+        cu, cu_padded = inputs.cu_seqlens.tolist(), inputs.cu_seqlens_padded.tolist()
+        expected: dict[str, list] = {}
+        crops = set()
+        for k, key in enumerate(inputs.source_ids):
+            pictures = [decode_image(d) for d in images_in_order(BY_KEY[key])]
+            reference = _processor_call(processor, BY_KEY[key], pictures)
+            start, n = cu_padded[k], cu[k + 1] - cu[k]
+            assert torch.equal(kw["input_ids"][0, start : start + n], reference["input_ids"][0])
+            assert set(reference) - {"input_ids", "attention_mask"} == (
+                set(fields) if pictures else set()
+            )
+            for name in fields:
+                if name in reference:
+                    expected.setdefault(name, []).append(reference[name])
+            if pictures:
+                crops.add(reference["image_pixel_values"].shape[1])
+                images += len(pictures)
+            alone = hf.run(model, dict(reference))
+            worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
+            crossed = max(crossed, float((across[start : start + n] - alone).abs().max()))
+            sources += 1
+        for name, parts in expected.items():  # bit-equal, padded as one call pads
+            fill = 1 if name == "image_attention_mask" else 0
+            assert torch.equal(kw[name].to(parts[0].dtype), _padded(parts, fill)), name
+        mixed += len(crops) > 1  # a pack whose conversations' images have other crop counts
+    assert sources >= len(CONVERSATIONS) - 2 and not te.stats.skipped.keys() - {"overlong"}
+    assert images >= 10 and mixed >= 1, (images, mixed)
+    assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
+    assert crossed > 1e-2, f"positions running on change nothing ({crossed:.2e})"
+
+
+@pytest.mark.torchvision
+def test_the_image_token_rule_is_the_image_processors():
+    from transformers import Phi4MultimodalImageProcessor
+
+    from energon_packing.encoding.image_rules import phi4_tokens
+    from energon_packing.errors import Skip
+
+    image_processor = Phi4MultimodalImageProcessor()
+    if not hasattr(image_processor, "get_number_of_image_tokens"):
+        pytest.skip("this release's image processor has no get_number_of_image_tokens")
+    rng = np.random.default_rng(0)
+    sizes = [tuple(int(x) for x in rng.integers(10, 4000, 2)) for _ in range(400)]
+    sizes += [(448, 448), (449, 448), (20, 3000), (3000, 20), (5000, 6000), (5, 900), (1, 1)]
+    refused = 0
+    for max_crops in (36, 1, 4, 12):
+        for h, w in sizes:
+            try:
+                want = image_processor.get_number_of_image_tokens(h, w, {"dynamic_hd": max_crops})
+            except ValueError:  # "the aspect ratio is very extreme"
+                with pytest.raises(Skip, match="image_aspect_ratio"):
+                    phi4_tokens(h, w, size=448, patch=14, max_crops=max_crops)
+                refused += 1
+                continue
+            assert phi4_tokens(h, w, size=448, patch=14, max_crops=max_crops) == want, (h, w)
+    assert refused >= 4
+
+
+@pytest.mark.torchvision
+def test_an_audio_clip_is_skipped_naming_the_families_that_take_audio():
+    """The processor takes audio, but a clip packs only where the family's audio rule is laid
+    out; until then it is skipped ``unsupported_audio`` with its key, never packed as text."""
+    from energon_packing.encoding.families import audio_families
+    from energon_packing.errors import Skip
+    from energon_packing.testing.audio import clip
+    from energon_packing.testing.families import build
+
+    processor, _, _ = build("phi4_multimodal", model=False)
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+    with pytest.raises(Skip) as skipped:
+        te.chat.encode(
+            key="k",
+            messages=[
+                {"role": "user", "content": "<audio>What is said?"},
+                {"role": "assistant", "content": "Nothing."},
+            ],
+            image_names=[],
+            images={},
+            audio_names=["a.wav"],
+            audios={"a.wav": clip("wav", seconds=0.3)},
+            loss_weight=1.0,
+            config=te.config,
+        )
+    assert skipped.value.reason == "unsupported_audio"
+    assert all(name in skipped.value.detail for name in audio_families())
