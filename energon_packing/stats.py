@@ -85,6 +85,7 @@ REASONS = {
     "unsupported_audio": "an audio clip for a layout whose processor takes none (the detail names the families that do)",
     "audio_unreadable": "an audio part that is no container PyAV opens, or whose stream does not decode",
     "audio_no_stream": "a container without an audio stream, or a stream without a sample",
+    "audio_too_short": "a clip shorter than its family's feature window (Phi-4-multimodal: 400 samples, 25 ms), of which its feature extractor makes no frame",
     "audio_too_long": "a clip longer than max_audio_seconds, or than the family's own maximum (Qwen2.5-Omni: 300 s; its processor would cut it silently)",
     # length
     "overlong": "longer than max_input_seq_length after padding (overlong='drop')",

@@ -125,30 +125,138 @@ def test_the_image_token_rule_is_the_image_processors():
     assert refused >= 4
 
 
+def _audio_reference(processor, key: str) -> dict:
+    """The real processor on one of test_audio's conversations alone."""
+    from test_audio import BY_KEY as AUDIO_BY_KEY
+    from test_audio import _hf_messages, _in_order
+
+    from energon_packing.media import audio
+
+    document, parts = AUDIO_BY_KEY[key]
+    text = processor.apply_chat_template(_hf_messages(document), tokenize=False)
+    clips = [audio.decode(data) for data in _in_order(document, parts, "audio")]
+    images = [decode_image(data) for data in _in_order(document, parts, "image")]
+    return processor(
+        text=[text],
+        audio=clips or None,
+        images=[images] if images else None,
+        sampling_rate=16_000,
+        return_tensors="pt",
+    )
+
+
+AUDIO_FIELDS = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
+
+
+@pytest.fixture(scope="module")
+def audio_dataset(tmp_path_factory):
+    """test_audio's conversations: one clip, two clips, a clip and an image, placeholders,
+    text only."""
+    import json
+
+    from test_audio import CONVERSATIONS as AUDIO_CONVERSATIONS
+
+    raw = [
+        {"__key__": key, "json": json.dumps(document).encode(), **parts}
+        for key, document, parts in AUDIO_CONVERSATIONS
+    ]
+    return make_dataset(tmp_path_factory.mktemp("phi4_audio"), [], raw=raw)
+
+
 @pytest.mark.torchvision
-def test_an_audio_clip_is_skipped_naming_the_families_that_take_audio():
-    """The processor takes audio, but a clip packs only where the family's audio rule is laid
-    out; until then it is skipped ``unsupported_audio`` with its key, never packed as text."""
-    from energon_packing.encoding.families import audio_families
-    from energon_packing.errors import Skip
-    from energon_packing.testing.audio import clip
+@pytest.mark.energon
+def test_phi4_audio_packs_alone_through_the_loader(audio_dataset):
+    """A conversation with clips fills a pack alone (its audio encoder reads the padding of a
+    call's longest clip, its projection the call's images: tests/test_phi4_couplings.py):
+    its ids, features, sizes and (two clips) frame mask are the processor's on it alone, and so
+    are its logits; text and image conversations pack together as before."""
+    from test_audio import BY_KEY as AUDIO_BY_KEY
+
+    from energon_packing.hf import to_hf
+    from energon_packing.testing import hf
     from energon_packing.testing.families import build
 
-    processor, _, _ = build("phi4_multimodal", model=False)
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
-    with pytest.raises(Skip) as skipped:
-        te.chat.encode(
-            key="k",
-            messages=[
-                {"role": "user", "content": "<audio>What is said?"},
-                {"role": "assistant", "content": "Nothing."},
-            ],
-            image_names=[],
-            images={},
-            audio_names=["a.wav"],
-            audios={"a.wav": clip("wav", seconds=0.3)},
-            loss_weight=1.0,
-            config=te.config,
-        )
-    assert skipped.value.reason == "unsupported_audio"
-    assert all(name in skipped.value.detail for name in audio_families())
+    processor, model, _ = build("phi4_multimodal")
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+    seen, worst, alone, masks = [], 0.0, 0, 0
+    for batch in loader_batches(audio_dataset, te, buffer=8):
+        inputs = to_hf(batch, model=model)
+        kw = {k: v for k, v in inputs.items() if k not in ("use_cache", "labels")}
+        logits = hf.run(model, kw)
+        cu, cu_padded = inputs.cu_seqlens.tolist(), inputs.cu_seqlens_padded.tolist()
+        references = {key: _audio_reference(processor, key) for key in inputs.source_ids}
+        heard = [key for key, ref in references.items() if "audio_input_features" in ref]
+        if heard:
+            assert inputs.source_ids == heard, "a conversation with clips shares its pack"
+            alone += 1
+            for name in AUDIO_FIELDS:
+                assert (name in kw) == (name in references[heard[0]]), name
+                if name in kw:
+                    got, want = kw[name], references[heard[0]][name]
+                    assert torch.equal(got.to(want.dtype), want), name
+            masks += "audio_attention_mask" in kw
+        else:
+            assert not set(AUDIO_FIELDS) & set(kw)
+        for k, key in enumerate(inputs.source_ids):
+            reference = references[key]
+            start, n = cu_padded[k], cu[k + 1] - cu[k]
+            assert torch.equal(kw["input_ids"][0, start : start + n], reference["input_ids"][0])
+            if len(inputs.source_ids) == 1:
+                for name in ("image_pixel_values", "image_sizes", "image_attention_mask"):
+                    if name in reference:
+                        assert torch.equal(kw[name].to(reference[name].dtype), reference[name])
+            alone_logits = hf.run(model, dict(reference))
+            worst = max(worst, float((logits[start : start + n] - alone_logits).abs().max()))
+            seen.append(key)
+    assert sorted(seen) == sorted(AUDIO_BY_KEY) and not te.stats.skipped
+    assert alone >= 4 and masks >= 1, (alone, masks)
+    assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
+
+
+@pytest.mark.torchvision
+def test_to_hf_refuses_a_phi4_pack_whose_clips_would_be_heard_otherwise():
+    """A pack made by hand (trainer-side packing): clips of two conversations, or a clip
+    without images beside another conversation's images, refused naming why."""
+    from helpers import conversation_sample
+    from test_audio import BY_KEY as AUDIO_BY_KEY
+
+    from energon_packing.hf import to_hf
+    from energon_packing.schema import collate, layout
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build("phi4_multimodal")
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+
+    def pack(*conversations: tuple[str, dict, dict]):
+        sources = []
+        for key, document, parts in conversations:
+            encoded = te.encode_sample(conversation_sample(key, document, parts))
+            if document.get("audios"):  # costed as the whole pack: it packs alone
+                assert encoded.cost == CAPACITY > encoded.length
+            items = [
+                {
+                    "key": key,
+                    "input_ids": encoded.input_ids,
+                    "token_mask": encoded.token_mask,
+                    "images": encoded.images,
+                    "videos": [],
+                    "video_plans": [],
+                    "audios": encoded.audios,
+                }
+            ]
+            (source,) = te.chat.sources(items=items, config=te.config)
+            sources.append(source)
+        return collate([layout(sources, width=CAPACITY, pad_multiple=8, pad_id=te.pad_id)])
+
+    speech, other_speech, plain = (
+        (key, *AUDIO_BY_KEY[key]) for key in ("one_clip", "two_clips", "text_only")
+    )
+    picture = next(c for c in CONVERSATIONS if c.document.get("images"))
+    pictures = (picture.key, picture.document, picture.images)
+    with pytest.raises(ValueError, match=r"holds clips of 2 conversations") as raised:
+        to_hf(pack(speech, other_speech), model=model)
+    assert "one_clip" in str(raised.value) and "two_clips" in str(raised.value)
+    with pytest.raises(ValueError, match=r"vision-speech.*one_clip \(no image\)"):
+        to_hf(pack(speech, pictures), model=model)
+    # text beside a clip changes nothing the model reads of the clip: accepted
+    assert "audio_input_features" in to_hf(pack(speech, plain), model=model)

@@ -171,6 +171,7 @@ class BuiltinChat:
     what a conversation costs (:meth:`encode`) and what it becomes in a pack (:meth:`source`)."""
 
     family_name = "builtin"
+    clips_alone = False  # it takes no audio
     #: the video processor whose rules the built-in layout follows (Qwen2-VL's)
     video_style = QWEN2_VL
 

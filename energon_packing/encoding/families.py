@@ -19,6 +19,7 @@ from energon_packing.encoding.models import ModelInfo
 from energon_packing.media import video_styles
 from energon_packing.media.audio_rules import (
     GEMMA3N_AUDIO,
+    PHI4_AUDIO,
     QWEN2_5_OMNI_AUDIO,
     QWEN3_OMNI_AUDIO,
     AudioRule,
@@ -317,6 +318,7 @@ FAMILIES: tuple[Family, ...] = (
         replacement_inputs=image_rules.phi4_inputs,
         expansion=image_rules.phi4_expansion,
         needs=("torchvision",),
+        audio=PHI4_AUDIO,
     ),
     Family(
         name="qwen3_omni",

@@ -171,8 +171,10 @@ class ProcessorChat:
         )
         #: the family's audio work (None: audio clips are skipped ``unsupported_audio``)
         self.audio: AudioSide | None = None
+        self.clips_alone = False
         if self.family is not None and self.family.audio is not None:
             self.audio = AudioSide(processor, self.family.audio)
+            self.clips_alone = self.family.audio.alone
             mixing = hf_compat.omni_audio_mixing(self.family.name)
             if mixing:  # the other trainers' paths never see the model: said once, here
                 logger.warning(

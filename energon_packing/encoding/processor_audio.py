@@ -36,7 +36,10 @@ class AudioSide:
     def __init__(self, processor: Any, rule: AudioRule):
         self.processor = processor
         self.rule = rule
-        self.extractor = processor.feature_extractor
+        # Phi-4-multimodal names its feature extractor audio_processor
+        self.extractor = getattr(processor, "feature_extractor", None) or getattr(
+            processor, "audio_processor", None
+        )
         for name in rule.needs:
             if not hasattr(self.extractor, name):
                 raise ValueError(
@@ -77,6 +80,17 @@ class AudioSide:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def _check_family_maximum(self, samples: Sequence[int]) -> None:
+        if self.rule.padding == "windows":  # Phi-4-multimodal: a frame is one whole window
+            window = self.extractor.win_length
+            for n in samples:
+                if n < window:
+                    raise Skip(
+                        "audio_too_short",
+                        f"a clip of {n} samples ({n / audio.RATE * 1000:,.1f} ms), shorter than "
+                        f"the {window}-sample window of its feature extractor, which makes no "
+                        f"frame of it (its model would get an empty clip): drop such clips",
+                    )
+            return
         if self.rule.padding == "max_length":
             most, knob = self.extractor.n_samples, "chunk_length"
         elif self.rule.max_samples is not None:
@@ -140,18 +154,39 @@ class AudioSide:
             return_tensors="np",
             **self.rule.call_kwargs(samples, extractor),
         )
-        if self.rule.mask == "input_features_mask":  # Gemma 3n's own name, boolean
-            mask = np.asarray(out["input_features_mask"], dtype=bool)
-        else:
+        if self.rule.mask == "feature_attention_mask":  # the thinkers' name for Whisper's mask
             mask = np.asarray(out["attention_mask"], dtype=np.int32)
-        features = np.asarray(out["input_features"], dtype=np.float32)
-        frames = mask.sum(-1).astype(int).tolist()
-        need = sum(self.rule.tokens(f, self.processor) for f in frames)
+        else:  # Gemma 3n's input_features_mask; Phi-4's audio_attention_mask (2 clips or more)
+            found = out.get(self.rule.mask)
+            mask = None if found is None else np.asarray(found, dtype=bool)
+        features = np.asarray(out[self.rule.features], dtype=np.float32)
+        if mask is not None:
+            frames = mask.sum(-1).astype(int).tolist()
+        else:  # one clip, no mask: its frames are the features'
+            frames = [int(features.shape[1])] * len(waves)
+        tokens = [self.rule.tokens(f, self.processor) for f in frames]
+        sizes = None
+        if self.rule.sizes is not None:
+            sizes = np.asarray(out[self.rule.sizes], dtype=np.int64).reshape(-1)
         held = int(np.count_nonzero(np.asarray(input_ids) == self.token_id))
-        if held != need or frames != self.rule.frames(samples, extractor):
+        if (
+            held != sum(tokens)
+            or frames != self.rule.frames(samples, extractor)
+            or (sizes is not None and sizes.tolist() != tokens)
+        ):
             raise ProcessorMismatchError(
                 f"{self.rule.name}: sample {key!r}: the encoded ids hold {held} audio tokens, "
                 f"its {len(waves)} clip(s) of {samples} samples give {frames} mel frames and "
-                f"{need} tokens"
+                f"{sum(tokens)} tokens"
+                + (
+                    f" (the extractor's {self.rule.sizes}: {sizes.tolist()})"
+                    if sizes is not None
+                    else ""
+                )
             )
-        return {"input_features": features, self.rule.mask: mask}
+        out = {self.rule.features: features}
+        if mask is not None:
+            out[self.rule.mask] = mask
+        if sizes is not None:
+            out[self.rule.sizes] = sizes
+        return out

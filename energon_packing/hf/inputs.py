@@ -248,30 +248,54 @@ def to_hf(
 
 
 def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, keys: list) -> None:
-    """Raises where the installed release's audio encoder lets the clips of one call attend to
-    each other (:func:`~energon_packing.encoding.hf_compat.omni_audio_mixing`) and the
-    pack holds clips of two conversations or more: each would hear the others'."""
-    mixing = (
-        None if family is None or family.audio is None else hf_compat.omni_audio_mixing(family.name)
-    )
-    if mixing is None:
+    """Raises where the pack's clips would be heard otherwise than alone: the installed
+    release's audio encoder lets the clips of one call attend to each other
+    (:func:`~energon_packing.encoding.hf_compat.omni_audio_mixing`) and the pack holds clips of
+    two conversations or more; or the family's model mixes a call's clips with the rest of the
+    call (``AudioRule.alone``, Phi-4-multimodal: its encoder reads the padding of the longest
+    clip, its projection whether the call holds images) and the pack holds clips of two
+    conversations, or clips of a conversation without images beside another's images."""
+    if family is None or family.audio is None:
         return
-    token = getattr(config, "audio_token_id", None)
-    if token is None:
-        token = getattr(getattr(config, "thinker_config", None), "audio_token_id", None)
+    mixing = hf_compat.omni_audio_mixing(family.name)
+    if mixing is None and not family.audio.alone:
+        return
+    token = _config_id(config, "audio_token_id", "audio_config")
     ids = batch[INPUT_IDS][row]
     bounds = [int(b) for b in batch[CU_SEQLENS_PADDED][row]]
-    hearing = [
-        keys[k]
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:]))
-        if bool((ids[a:b] == token).any())
-    ]
+    spans = list(zip(bounds, bounds[1:]))
+    hearing = [k for k, (a, b) in enumerate(spans) if bool((ids[a:b] == token).any())]
     if len(hearing) > 1:
-        what, fix = mixing
+        what, fix = mixing or (
+            f"{family.name}'s audio encoder reads the padding of the longest clip of a call",
+            "the loader packs a conversation with clips alone (AudioRule.alone)",
+        )
         raise ValueError(
             f"to_hf: {what}, and this pack holds clips of {len(hearing)} conversations "
-            f"({', '.join(map(str, hearing))}): each would hear the others'; {fix}"
+            f"({', '.join(str(keys[k]) for k in hearing)}): each would hear the others'; {fix}"
         )
+    if not (family.audio.alone and hearing):
+        return
+    image = _config_id(config, "image_token_id", "vision_config")
+    seeing = [k for k, (a, b) in enumerate(spans) if bool((ids[a:b] == image).any())]
+    if seeing and hearing[0] not in seeing:
+        raise ValueError(
+            f"to_hf: {family.name}'s audio projection is its vision-speech one whenever the "
+            f"call holds images, and this pack holds clips of {keys[hearing[0]]} (no image) "
+            f"beside images of {', '.join(str(keys[k]) for k in seeing)}: the clips would be "
+            f"projected otherwise than alone; the loader packs a conversation with clips alone "
+            f"(AudioRule.alone)"
+        )
+
+
+def _config_id(config: Any, name: str, nested: str) -> Any:
+    """A token id of the config: top level, the thinker's, or under ``nested`` (Phi-4's
+    ``audio_config.audio_token_id``)."""
+    for where in (config, getattr(config, "thinker_config", None), getattr(config, nested, None)):
+        found = getattr(where, name, None)
+        if found is not None:
+            return found
+    return None
 
 
 def _block_layers(family: Any, config: Any) -> tuple[str, ...]:

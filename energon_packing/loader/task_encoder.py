@@ -247,8 +247,15 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 list(getattr(encoding, "audio_frames", ())) if self.cost_model.audio else []
             ),
             length=encoding.length,
-            cost=round_up(encoding.length, self.config.pad_multiple),
+            cost=self._cost(encoding),
         )
+
+    def _cost(self, encoding: Any) -> int:
+        """What the packer packs a conversation as: its length padded, or the whole capacity
+        where its clips must have their pack to themselves (``AudioRule.alone``)."""
+        if self.chat.clips_alone and getattr(encoding, "audio_order", ()):
+            return self.config.max_input_seq_length
+        return round_up(encoding.length, self.config.pad_multiple)
 
     def _grids(self, encoding: Any) -> list:
         """Each image's and video's grid, from headers: the built-in layout's image grids, a

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GEMMA3N_AUDIO", "QWEN2_5_OMNI_AUDIO", "QWEN3_OMNI_AUDIO", "AudioRule"]
+__all__ = ["GEMMA3N_AUDIO", "PHI4_AUDIO", "QWEN2_5_OMNI_AUDIO", "QWEN3_OMNI_AUDIO", "AudioRule"]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -47,6 +47,17 @@ class AudioRule:
             (``audio_config['load_audio_from_video']``): ``"chunks"`` (Qwen2.5-Omni) or
             ``"tokens"`` (Qwen3-Omni), :mod:`energon_packing.encoding.av_interleave`; None:
             the family's processor takes no video track.
+        features: The name of the features the model reads (Phi-4-multimodal's
+            ``audio_input_features``).
+        sizes: A per-clip token count the model reads beside them (Phi-4-multimodal's
+            ``audio_embed_sizes``; None: none).
+        alone: A conversation with clips fills a pack alone (its cost is the capacity): the
+            model's audio encoder reads the padding of the call's longest clip, and its audio
+            projection whether the call holds images (Phi-4-multimodal), so no other
+            conversation may share its pack.
+        ``"windows"`` padding (Phi-4-multimodal): the extractor's own defaults (a call padded
+        to its longest clip), a clip's frames ``(samples - win_length) // hop + 1`` whatever its
+        neighbours, the frame mask returned only for two clips or more.
     """
 
     name: str
@@ -57,6 +68,9 @@ class AudioRule:
     multiple: int = 1
     max_samples: int | None = None
     interleave: str | None = None
+    features: str = "input_features"
+    sizes: str | None = None
+    alone: bool = False
 
     def frames(self, samples: list[int], extractor: Any) -> list[int]:
         """Each clip's mel frames (the mask's sum) in a call with the conversation's clips
@@ -64,6 +78,8 @@ class AudioRule:
         keeps of the padded length: Whisper's ``padded // hop``, Gemma 3n's
         ``(padded - frame_length - 1) // hop + 1``)."""
         hop = extractor.hop_length
+        if self.padding == "windows":
+            return [(n - extractor.win_length) // hop + 1 for n in samples]
         if self.padding == "longest":
             kept = max(samples) // hop
             return [min(_ceil_div(n, hop), kept) for n in samples]
@@ -79,7 +95,7 @@ class AudioRule:
         """What the feature extractor is called with for one conversation's clips."""
         if self.padding == "longest":
             return {"padding": True, "truncation": False}
-        if self.padding == "multiple":  # the extractor's own defaults, as the processor calls it
+        if self.padding in ("multiple", "windows"):  # the extractor's defaults, as its processor
             return {}
         # every frame a clip's mask covers sees the same zeros as under the processor's
         # 5-minute pad, and the clip's max (the log-mel floor) counts an all-zero frame as it
@@ -91,7 +107,11 @@ class AudioRule:
     @property
     def needs(self) -> tuple[str, ...]:
         """The feature extractor's attributes this rule reads."""
-        own = {"max_length": ("n_fft", "n_samples"), "multiple": ("frame_length",)}
+        own = {
+            "max_length": ("n_fft", "n_samples"),
+            "multiple": ("frame_length",),
+            "windows": ("win_length", "audio_compression_rate", "audio_downsample_rate"),
+        }
         return ("hop_length", "sampling_rate", *own.get(self.padding, ()))
 
 
@@ -133,4 +153,24 @@ GEMMA3N_AUDIO = AudioRule(
     mask="input_features_mask",
     multiple=128,
     max_samples=480_000,
+)
+
+
+def _phi4_audio_tokens(frames: int, processor: Any) -> int:
+    extractor = processor.audio_processor
+    compressed = _ceil_div(frames, extractor.audio_compression_rate)
+    return _ceil_div(compressed, extractor.audio_downsample_rate)
+
+
+#: Phi-4-multimodal: ``<|audio|>`` repeated ``ceil(frames / audio_compression_rate)`` times
+#: (``audio_embed_sizes``), 25 ms windows every 10 ms; its model's audio encoder reads the
+#: call's padding and its projection the call's images: a clip's conversation packs alone
+PHI4_AUDIO = AudioRule(
+    name="phi4_multimodal",
+    padding="windows",
+    tokens=_phi4_audio_tokens,
+    mask="audio_attention_mask",
+    features="audio_input_features",
+    sizes="audio_embed_sizes",
+    alone=True,
 )
