@@ -43,16 +43,16 @@ def tiny():
     """A Phi-4-multimodal of two text layers, one vision and one conformer block, longrope
     with ``original_max_position_embeddings`` 16, its audio normaliser's statistics set (a
     trained model's are not 0 and 1), in float64, eager attention."""
-    from transformers import Phi4MultimodalConfig, Phi4MultimodalForCausalLM
+    from transformers import Phi4MultimodalForCausalLM
+
+    from energon_packing.testing.families_phi4 import tiny_config
 
     torch.manual_seed(0)
-    config = Phi4MultimodalConfig(
+    config = tiny_config(
+        image_token_id=IMAGE_TOKEN,
+        audio_token_id=AUDIO_TOKEN,
+        vision={"num_hidden_layers": 1, "image_size": 28, "patch_size": 14, "crop_size": 28},
         vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
@@ -66,28 +66,7 @@ def tiny():
             "original_max_position_embeddings": ORIGINAL,
             "partial_rotary_factor": 1.0,
         },
-        vision_config=dict(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=28,
-            patch_size=14,
-            crop_size=28,
-            image_token_id=IMAGE_TOKEN,
-        ),
-        audio_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_blocks=1,
-            num_attention_heads=2,
-            ext_pw_out_channel=32,
-            depthwise_separable_out_channel=32,
-            nemo_conv_channels=32,
-            audio_token_id=AUDIO_TOKEN,
-        ),
     )
-    config._attn_implementation = "eager"
     model = Phi4MultimodalForCausalLM(config).double().eval()
     norm = model.model.embed_tokens_extend.audio_embed.encoder.encoder_embedding
     with torch.no_grad():

@@ -14,7 +14,7 @@ from typing import Any
 
 from energon_packing.testing.families import _built, make_tokenizer
 
-__all__ = ["PHI4_TEMPLATE", "phi4_multimodal"]
+__all__ = ["PHI4_TEMPLATE", "phi4_multimodal", "tiny_config"]
 
 #: microsoft/Phi-4-multimodal-instruct's chat format: ``<|role|>`` before each turn, ``<|end|>``
 #: after it, an image part as ``<|image|>`` and an audio part as ``<|audio|>`` where it stands,
@@ -58,24 +58,31 @@ def phi4_multimodal(model: bool, *, dynamic_hd: int = 4) -> tuple[Any, Any, dict
         tokenizer=tokenizer,
         chat_template=PHI4_TEMPLATE,
     )
-    config = transformers.Phi4MultimodalConfig(
+    config = tiny_config(
         vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        image_token_id=image_id,
+        audio_token_id=audio_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         max_position_embeddings=8192,
-        vision_config=dict(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_token_id=image_id,
-        ),
+    )
+    info = {"family": "phi4_multimodal", "built": "phi4_multimodal"}
+    return _built(processor, config, transformers.Phi4MultimodalForCausalLM, model, info)
+
+
+def tiny_config(
+    *, image_token_id: int, audio_token_id: int, vision: dict | None = None, **text: Any
+) -> Any:
+    """A ``Phi4MultimodalConfig`` of two 16-wide text layers (``text`` overrides them), a
+    two-layer 16-wide vision tower of the published 448 px crops and 14 px patches (``vision``
+    overrides it) and one 32-wide conformer block; eager attention. Needs no torchvision."""
+    import transformers
+
+    sizes = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    config = transformers.Phi4MultimodalConfig(
+        **{**sizes, "num_key_value_heads": 1, **text},
+        vision_config={**sizes, "image_token_id": image_token_id, **(vision or {})},
         audio_config=dict(
             hidden_size=32,
             intermediate_size=64,
@@ -84,9 +91,8 @@ def phi4_multimodal(model: bool, *, dynamic_hd: int = 4) -> tuple[Any, Any, dict
             ext_pw_out_channel=32,
             depthwise_separable_out_channel=32,
             nemo_conv_channels=32,
-            audio_token_id=audio_id,
+            audio_token_id=audio_token_id,
         ),
     )
     config._attn_implementation = "eager"
-    info = {"family": "phi4_multimodal", "built": "phi4_multimodal"}
-    return _built(processor, config, transformers.Phi4MultimodalForCausalLM, model, info)
+    return config
