@@ -89,7 +89,11 @@ def test_a_changed_shard_refuses_the_restore_naming_it(pristine, tmp_path, kind,
         resume()
 
 
-@pytest.mark.parametrize("kind, midrun", [("cut", False), pytest.param("deleted", True, marks=S)])
+# both under -m slow (.ci/run): 12 s with workers, the default suite's time; the default suite
+# keeps every refusal without workers
+@pytest.mark.parametrize(
+    "kind, midrun", [pytest.param("cut", False, marks=S), pytest.param("deleted", True, marks=S)]
+)
 def test_with_workers_the_refusal_reaches_the_caller(pristine, tmp_path, kind, midrun):
     """Energon restores inside each worker: the refusal comes from there, by name."""
     path = tmp_path / "data"
