@@ -92,14 +92,16 @@ def _processor_call(processor, conversation, images) -> dict:
     )
 
 
-def concat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+def concat_padded(parts: list[torch.Tensor], fill: float = 0) -> torch.Tensor:
+    """``parts`` on dim 0, each padded to the widest first with ``fill``, as a processor pads a
+    call."""
     widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
     padded = []
     for p in parts:
         pad = []
         for d in reversed(range(1, p.ndim)):
             pad += [0, widest[d - 1] - p.shape[d]]
-        padded.append(torch.nn.functional.pad(p, pad))
+        padded.append(torch.nn.functional.pad(p, pad, value=fill))
     return torch.cat(padded)
 
 

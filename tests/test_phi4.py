@@ -36,21 +36,10 @@ def phi4_dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("phi4"), CONVERSATIONS, per_shard=16)
 
 
-def _padded(parts: list[torch.Tensor], fill: float) -> torch.Tensor:
-    widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
-    out = []
-    for p in parts:
-        pad = []
-        for d in reversed(range(1, p.ndim)):
-            pad += [0, widest[d - 1] - p.shape[d]]
-        out.append(torch.nn.functional.pad(p, pad, value=fill))
-    return torch.cat(out)
-
-
 @pytest.mark.torchvision
 @pytest.mark.energon
 def test_phi4_through_its_processor_and_the_loader(phi4_dataset):
-    from test_families import _processor_call, images_in_order
+    from test_families import _processor_call, concat_padded, images_in_order
 
     from energon_packing.hf import to_hf
     from energon_packing.testing import hf
@@ -91,7 +80,7 @@ def test_phi4_through_its_processor_and_the_loader(phi4_dataset):
             sources += 1
         for name, parts in expected.items():  # bit-equal, padded as one call pads
             fill = 1 if name == "image_attention_mask" else 0
-            assert torch.equal(kw[name].to(parts[0].dtype), _padded(parts, fill)), name
+            assert torch.equal(kw[name].to(parts[0].dtype), concat_padded(parts, fill)), name
         mixed += len(crops) > 1  # a pack whose conversations' images have other crop counts
     assert sources >= len(CONVERSATIONS) - 2 and not te.stats.skipped.keys() - {"overlong"}
     assert images >= 10 and mixed >= 1, (images, mixed)

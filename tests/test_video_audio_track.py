@@ -335,17 +335,22 @@ def test_a_silent_video_is_skipped_naming_the_switch_and_other_families_refuse_i
         ],
         "videos": ["a.mp4"],
     }
-    with pytest.raises(Skip) as found:
-        te.chat.encode(
-            key="silent",
-            messages=document["messages"],
-            image_names=[],
-            images={},
-            video_names=["a.mp4"],
-            videos={"a.mp4": silent},
-            loss_weight=1.0,
-            config=te.config,
-        )
+
+    def skip(te: PackingTaskEncoder, key: str, video: bytes) -> pytest.ExceptionInfo:
+        with pytest.raises(Skip) as found:
+            te.chat.encode(
+                key=key,
+                messages=document["messages"],
+                image_names=[],
+                images={},
+                video_names=["a.mp4"],
+                videos={"a.mp4": video},
+                loss_weight=1.0,
+                config=te.config,
+            )
+        return found
+
+    found = skip(te, "silent", silent)
     assert found.value.reason == "audio_no_stream"
     assert "video 'a.mp4''s own audio track" in found.value.detail
     assert "load_audio_from_video" in found.value.detail
@@ -358,17 +363,7 @@ def test_a_silent_video_is_skipped_naming_the_switch_and_other_families_refuse_i
         audio_config=TRACK,
         max_audio_seconds=1.0,
     )
-    with pytest.raises(Skip) as found:
-        te.chat.encode(
-            key="long",
-            messages=document["messages"],
-            image_names=[],
-            images={},
-            video_names=["a.mp4"],
-            videos={"a.mp4": loud},
-            loss_weight=1.0,
-            config=te.config,
-        )
+    found = skip(te, "long", loud)
     assert found.value.reason == "audio_too_long"
     assert found.value.detail.startswith("video 'a.mp4''s own audio track: a clip of ")
     assert "max_audio_seconds" in found.value.detail and "silent" not in found.value.detail

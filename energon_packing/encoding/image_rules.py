@@ -410,13 +410,12 @@ def pixtral_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     return {"image_sizes": out}
 
 
-def _phi4_layout(height: int, width: int, size: int, max_crops: int) -> tuple:
-    """Phi-4-multimodal's crop grid ``(w_crops, h_crops)`` and the padding ``(w, h)`` in px its
-    image processor adds (its ``_get_crop_layout``, in plain Python)."""
-    w_crops, h_crops = math.ceil(width / size), math.ceil(height / size)
-    if w_crops * h_crops > max_crops:
-        aspect = width / height
-        ratios = sorted(  # the processor's own set and order: ties keep its pick
+@functools.cache
+def _phi4_ratios(max_crops: int) -> tuple[tuple[int, int], ...]:
+    """The crop grids Phi-4-multimodal's image processor chooses among, in its own set and
+    order (ties keep its pick); built once per cap, not per image."""
+    return tuple(
+        sorted(
             {
                 (i, j)
                 for n in range(1, max_crops + 1)
@@ -426,8 +425,17 @@ def _phi4_layout(height: int, width: int, size: int, max_crops: int) -> tuple:
             },
             key=lambda r: r[0] * r[1],
         )
+    )
+
+
+def _phi4_layout(height: int, width: int, size: int, max_crops: int) -> tuple:
+    """Phi-4-multimodal's crop grid ``(w_crops, h_crops)`` and the padding ``(w, h)`` in px its
+    image processor adds (its ``_get_crop_layout``, in plain Python)."""
+    w_crops, h_crops = math.ceil(width / size), math.ceil(height / size)
+    if w_crops * h_crops > max_crops:
+        aspect = width / height
         best, best_diff = (1, 1), float("inf")
-        for ratio in ratios:
+        for ratio in _phi4_ratios(max_crops):
             diff = abs(aspect - ratio[0] / ratio[1])
             if diff < best_diff:
                 best, best_diff = ratio, diff

@@ -217,7 +217,8 @@ def model_info(config: Any, *, source: str = "") -> ModelInfo:
 
 #: Rotary types whose frequencies transformers picks per forward from the row's largest
 #: position (``modeling_rope_utils.dynamic_rope_update``): a short conversation packed beside
-#: positions past the bound gets other frequencies than alone (tests/test_phi4_refused.py).
+#: positions past the bound gets other frequencies than alone (tests/test_rope_bound.py,
+#: tests/test_phi4_couplings.py).
 ROW_DEPENDENT_ROPE = ("longrope", "dynamic")
 
 

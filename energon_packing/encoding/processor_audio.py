@@ -184,9 +184,9 @@ class AudioSide:
                     else ""
                 )
             )
-        out = {self.rule.features: features}
+        heard = {self.rule.features: features}
         if mask is not None:
-            out[self.rule.mask] = mask
+            heard[self.rule.mask] = mask
         if sizes is not None:
-            out[self.rule.sizes] = sizes
-        return out
+            heard[self.rule.sizes] = sizes
+        return heard

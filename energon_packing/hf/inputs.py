@@ -42,6 +42,7 @@ import torch
 from energon_packing.encoding import hf_compat
 from energon_packing.encoding.families import REFUSED, family_of_model
 from energon_packing.encoding.models import (
+    ModelInfo,
     StatefulLayersError,
     check_layers,
     check_rope,
@@ -173,10 +174,11 @@ def to_hf(
         raise ValueError(f"to_hf: model type {model_type!r} is not packed: {REFUSED[model_type]}")
     attn = attn_implementation or hf_compat.attn_implementation(text_config(config))
     varlen = "flash" in (attn or "")
-    if config is not None and _stateful(config, model, allow_stateful_layers):
-        varlen = True  # the boundaries are what those layers' kernels read
-    if config is not None:  # longrope / dynamic rotary frequencies follow the row's width
+    if config is not None:
         info = model_info(config, source=type(model or config).__name__)
+        if _stateful(info, model, allow_stateful_layers):
+            varlen = True  # the boundaries are what those layers' kernels read
+        # longrope / dynamic rotary frequencies follow the row's width
         check_rope(info, width=int(batch[INPUT_IDS][row].shape[-1]), where="to_hf")
     family = family_of_model(model_type)
     gemma3 = family is not None and family.image_blocks
@@ -322,10 +324,9 @@ def _block_layers(family: Any, config: Any) -> tuple[str, ...]:
     return family.block_layers if mode == "vision" else ()
 
 
-def _stateful(config: Any, model: Any, allow: bool) -> bool:
-    """Whether the model has layers that carry state along the row (accepted only with
-    ``allow`` and on a GPU; raises otherwise)."""
-    info = model_info(config, source=type(model or config).__name__)
+def _stateful(info: ModelInfo, model: Any, allow: bool) -> bool:
+    """Whether the model (``info``: its config's) has layers that carry state along the row
+    (accepted only with ``allow`` and on a GPU; raises otherwise)."""
     check_layers(info, allow_stateful_layers=allow, where="to_hf")
     if not info.stateful_layers:
         return False
