@@ -309,8 +309,7 @@ def test_demo_audio_section_counts_what_the_loader_packed(tmp_path):
     require_processor_media("qwen2_5_omni")
     picture = tmp_path / "demo.png"
     output = invoke(
-        "demo", "--data", VIDEO_DATA, "--videos", VIDEO_DATA, "--audio", AUDIO_DATA,
-        "--picture", picture,
+        "demo", "--data", VIDEO_DATA, "--audio", AUDIO_DATA, "--picture", picture,
     )  # fmt: skip
     te = PackingTaskEncoder(
         processor=build("qwen2_5_omni", model=False)[0],
@@ -368,8 +367,7 @@ def test_demo_audio_section_names_what_to_install(tmp_path, monkeypatch):
 
     monkeypatch.setattr(families, "build", missing)
     output = invoke(
-        "demo", "--data", VIDEO_DATA, "--videos", VIDEO_DATA, "--audio", AUDIO_DATA,
-        "--picture", tmp_path / "demo.png",
+        "demo", "--data", VIDEO_DATA, "--audio", AUDIO_DATA, "--picture", tmp_path / "demo.png",
     )  # fmt: skip
     assert output.endswith(
         f"\nAudio: {AUDIO_DATA}\n  not packed: audio needs a processor that takes it "
