@@ -20,6 +20,7 @@ import pytest
 from helpers import decode_image, loader_batches, make_dataset
 
 from energon_packing import PackingTaskEncoder
+from energon_packing.packing import Company
 from energon_packing.schema import PACKING_SKIPPED
 from energon_packing.testing.synth import conversations
 
@@ -140,8 +141,8 @@ AUDIO_FIELDS = ("audio_input_features", "audio_embed_sizes", "audio_attention_ma
 
 @pytest.fixture(scope="module")
 def audio_dataset(tmp_path_factory):
-    """test_audio's conversations: one clip, two clips, a clip and an image, placeholders,
-    text only."""
+    """test_audio's conversations (one clip, two clips, a clip and an image, placeholders,
+    text only) beside this module's text and image ones."""
     import json
 
     from test_audio import CONVERSATIONS as AUDIO_CONVERSATIONS
@@ -150,26 +151,34 @@ def audio_dataset(tmp_path_factory):
         {"__key__": key, "json": json.dumps(document).encode(), **parts}
         for key, document, parts in AUDIO_CONVERSATIONS
     ]
-    return make_dataset(tmp_path_factory.mktemp("phi4_audio"), [], raw=raw)
+    return make_dataset(tmp_path_factory.mktemp("phi4_audio"), CONVERSATIONS, raw=raw)
 
 
 @pytest.mark.torchvision
 @pytest.mark.energon
 @pytest.mark.parametrize("workers", [0, 2])
-def test_phi4_audio_packs_alone_through_the_loader(audio_dataset, workers):
-    """A conversation with clips fills a pack alone (its audio encoder reads the padding of a
-    call's longest clip, its projection the call's images: tests/test_phi4_couplings.py):
-    its ids, features, sizes and (two clips) frame mask are the processor's on it alone, and so
-    are its logits; text and image conversations pack together as before."""
+def test_phi4_audio_packs_beside_text_only_through_the_loader(audio_dataset, workers):
+    """A conversation with clips shares its pack only with conversations without media (its
+    audio encoder reads the padding of a call's longest clip, its projection the call's images:
+    tests/test_phi4_couplings.py), which fill the rest of it: its ids, features, sizes and (two
+    clips) frame mask are the processor's on it alone, and every conversation's logits are its
+    own alone; image conversations pack together as before; each conversation exactly once."""
     from test_audio import BY_KEY as AUDIO_BY_KEY
+    from test_families import _processor_call, images_in_order
 
     from energon_packing.hf import to_hf
     from energon_packing.testing import hf
     from energon_packing.testing.families import build
 
+    def alone_inputs(key):
+        if key in AUDIO_BY_KEY:
+            return _audio_reference(processor, key)
+        pictures = [decode_image(d) for d in images_in_order(BY_KEY[key])]
+        return _processor_call(processor, BY_KEY[key], pictures)
+
     processor, model, _ = build("phi4_multimodal")
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
-    seen, worst, alone, masks = [], 0.0, 0, 0
+    seen, worst, alone, shared, masks = [], 0.0, 0, 0, 0
     skipped = []
     for batch in loader_batches(audio_dataset, te, buffer=8, workers=workers):
         skipped += list(batch[PACKING_SKIPPED])  # a worker's skips ride on its batches
@@ -179,11 +188,14 @@ def test_phi4_audio_packs_alone_through_the_loader(audio_dataset, workers):
         kw = {k: v for k, v in inputs.items() if k not in ("use_cache", "labels")}
         logits = hf.run(model, kw)
         cu, cu_padded = inputs.cu_seqlens.tolist(), inputs.cu_seqlens_padded.tolist()
-        references = {key: _audio_reference(processor, key) for key in inputs.source_ids}
+        references = {key: alone_inputs(key) for key in inputs.source_ids}
         heard = [key for key, ref in references.items() if "audio_input_features" in ref]
         if heard:
-            assert inputs.source_ids == heard, "a conversation with clips shares its pack"
-            alone += 1
+            assert len(heard) == 1, f"clips of {heard} share a pack"
+            for key, ref in references.items():  # the rest: text only
+                assert key in heard or not {"image_pixel_values", *AUDIO_FIELDS} & set(ref), key
+            alone += len(references) == 1
+            shared += len(references) > 1
             for name in AUDIO_FIELDS:
                 assert (name in kw) == (name in references[heard[0]]), name
                 if name in kw:
@@ -196,15 +208,31 @@ def test_phi4_audio_packs_alone_through_the_loader(audio_dataset, workers):
             reference = references[key]
             start, n = cu_padded[k], cu[k + 1] - cu[k]
             assert torch.equal(kw["input_ids"][0, start : start + n], reference["input_ids"][0])
-            if len(inputs.source_ids) == 1:
+            if heard or len(inputs.source_ids) == 1:  # its images are the pack's
                 for name in ("image_pixel_values", "image_sizes", "image_attention_mask"):
                     if name in reference:
                         assert torch.equal(kw[name].to(reference[name].dtype), reference[name])
             alone_logits = hf.run(model, dict(reference))
             worst = max(worst, float((logits[start : start + n] - alone_logits).abs().max()))
             seen.append(key)
-    assert sorted(seen) == sorted(AUDIO_BY_KEY) and not skipped  # each exactly once
-    assert alone >= 4 and masks >= 1, (alone, masks)
+    everything = sorted([*AUDIO_BY_KEY, *BY_KEY])
+    assert sorted([*seen, *(key for key, _ in skipped)]) == everything  # each exactly once
+    assert {reason for _, reason in skipped} <= {"overlong"}, skipped
+    assert shared >= 2 and masks >= 1, (alone, shared, masks)
+    if not workers:  # stats packs the split under the same rule: each key's company
+        from energon_packing.tools.report import measure_costs
+
+        measured = measure_costs(audio_dataset, te, progress=False)
+        for key, company in zip(measured.keys, measured.company):
+            document = AUDIO_BY_KEY[key][0] if key in AUDIO_BY_KEY else BY_KEY[key].document
+            want = (
+                Company.APART
+                if document.get("audios")
+                else Company.ANY
+                if document.get("images")
+                else Company.PLAIN
+            )
+            assert company == want, key
     assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
 
 
@@ -226,8 +254,8 @@ def test_to_hf_refuses_a_phi4_pack_whose_clips_would_be_heard_otherwise():
         sources = []
         for key, document, parts in conversations:
             encoded = te.encode_sample(conversation_sample(key, document, parts))
-            if document.get("audios"):  # costed as the whole pack: it packs alone
-                assert encoded.cost == CAPACITY > encoded.length
+            if document.get("audios"):  # it shares its pack only with text
+                assert encoded.company == Company.APART
             items = [
                 {
                     "key": key,

@@ -556,8 +556,8 @@ class ChatLayout(Protocol):
     image_token_id: int | None
     mrope: Any  # the MRope spec, or None for 1-row positions
     videos: VideoCosting | None
-    #: a conversation with audio clips fills a pack alone: the family's model mixes a call's
-    #: clips with the rest of the call (``AudioRule.alone``: Phi-4-multimodal)
+    #: a conversation with audio clips shares its pack only with text: the family's model
+    #: mixes a call's clips with the rest of the call (``AudioRule.alone``: Phi-4-multimodal)
     clips_alone: bool
 
     @property

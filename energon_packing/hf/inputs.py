@@ -270,7 +270,7 @@ def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, key
     if len(hearing) > 1:
         what, fix = mixing or (
             f"{family.name}'s audio encoder reads the padding of the longest clip of a call",
-            "the loader packs a conversation with clips alone (AudioRule.alone)",
+            "the loader packs a conversation with clips beside text only (AudioRule.alone)",
         )
         raise ValueError(
             f"to_hf: {what}, and this pack holds clips of {len(hearing)} conversations "
@@ -285,8 +285,8 @@ def _require_audio_apart(family: Any, config: Any, batch: Mapping, row: int, key
             f"to_hf: {family.name}'s audio projection is its vision-speech one whenever the "
             f"call holds images, and this pack holds clips of {keys[hearing[0]]} (no image) "
             f"beside images of {', '.join(str(keys[k]) for k in seeing)}: the clips would be "
-            f"projected otherwise than alone; the loader packs a conversation with clips alone "
-            f"(AudioRule.alone)"
+            f"projected otherwise than alone; the loader packs a conversation with clips beside "
+            f"text only (AudioRule.alone)"
         )
 
 

@@ -115,6 +115,9 @@ class EncodedConversation(Sample):
     #: each audio clip's mel frames (what balanced emission prices its audio encoder by;
     #: empty where no audio encoder is priced)
     audio_frames: list = dataclasses.field(default_factory=list)
+    #: whom it may share its pack with (``packing.Company``: a Phi-4-multimodal conversation
+    #: with clips only with conversations without media)
+    company: int = 0
 
 
 @edataclass

@@ -56,6 +56,7 @@ from energon_packing.loader.samples import (
 from energon_packing.packing.algorithms import round_up, select_packs
 from energon_packing.packing.balance import PackCost, StepCostModel
 from energon_packing.packing.carry import Selection
+from energon_packing.packing.company import Company
 from energon_packing.schema import (
     PACKING_BUFFER_FIX,
     PACKING_METRICS,
@@ -247,15 +248,21 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 list(getattr(encoding, "audio_frames", ())) if self.cost_model.audio else []
             ),
             length=encoding.length,
-            cost=self._cost(encoding),
+            cost=round_up(encoding.length, self.config.pad_multiple),
+            company=self._company(encoding),
         )
 
-    def _cost(self, encoding: Any) -> int:
-        """What the packer packs a conversation as: its length padded, or the whole capacity
-        where its clips must have their pack to themselves (``AudioRule.alone``)."""
-        if self.chat.clips_alone and getattr(encoding, "audio_order", ()):
-            return self.config.max_input_seq_length
-        return round_up(encoding.length, self.config.pad_multiple)
+    def _company(self, encoding: Any) -> Company:
+        """Whom a conversation may share its pack with: where the family's model hears the
+        rest of a call beside its clips (``AudioRule.alone``), a conversation with clips only
+        with conversations without media, which fill the rest of its pack."""
+        if not self.chat.clips_alone:
+            return Company.ANY
+        if getattr(encoding, "audio_order", ()):
+            return Company.APART
+        if encoding.image_order or encoding.video_order:
+            return Company.ANY
+        return Company.PLAIN
 
     def _grids(self, encoding: Any) -> list:
         """Each image's and video's grid, from headers: the built-in layout's image grids, a
@@ -301,6 +308,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 carry_counts=counts,
                 buffer_size=self._buffer_size,
                 final=final,
+                company=[s.company for s in samples] if self.chat.clips_alone else None,
             )
         except Exception:  # a bug must not cost a whole buffer: one pack per sample instead
             logger.exception("select failed; emitting %d single packs", len(samples))

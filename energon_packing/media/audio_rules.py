@@ -51,10 +51,10 @@ class AudioRule:
             ``audio_input_features``).
         sizes: A per-clip token count the model reads beside them (Phi-4-multimodal's
             ``audio_embed_sizes``; None: none).
-        alone: A conversation with clips fills a pack alone (its cost is the capacity): the
-            model's audio encoder reads the padding of the call's longest clip, and its audio
-            projection whether the call holds images (Phi-4-multimodal), so no other
-            conversation may share its pack.
+        alone: A conversation with clips shares its pack only with conversations without
+            media (``packing.Company``: they fill the rest of it): the model's audio encoder
+            reads the padding of the call's longest clip, and its audio projection whether
+            the call holds images (Phi-4-multimodal).
         ``"windows"`` padding (Phi-4-multimodal): the extractor's own defaults (a call padded
         to its longest clip), a clip's frames ``(samples - win_length) // hop + 1`` whatever its
         neighbours, the frame mask returned only for two clips or more.
@@ -164,7 +164,8 @@ def _phi4_audio_tokens(frames: int, processor: Any) -> int:
 
 #: Phi-4-multimodal: ``<|audio|>`` repeated ``ceil(frames / audio_compression_rate)`` times
 #: (``audio_embed_sizes``), 25 ms windows every 10 ms; its model's audio encoder reads the
-#: call's padding and its projection the call's images: a clip's conversation packs alone
+#: call's padding and its projection the call's images: a clip's conversation packs beside
+#: text only
 PHI4_AUDIO = AudioRule(
     name="phi4_multimodal",
     padding="windows",

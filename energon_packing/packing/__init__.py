@@ -20,11 +20,13 @@ from energon_packing.packing.algorithms import (
 )
 from energon_packing.packing.balance import StepCostModel
 from energon_packing.packing.carry import CarryPolicy, Selection
+from energon_packing.packing.company import Company
 
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALGORITHM",
     "CarryPolicy",
+    "Company",
     "Selection",
     "StepCostModel",
     "check_algorithm",

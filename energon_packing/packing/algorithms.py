@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from energon_packing.packing import kernels
 from energon_packing.packing.balance import Grid, StepCostModel
 from energon_packing.packing.carry import CarryPolicy, Selection, emit_all, split
+from energon_packing.packing.company import Company, check_company, group
 from energon_packing.packing.stream import ListBuffer, LoopState, PackingLoop
 from energon_packing.packing.subset_fill import subset_fill
 
@@ -31,6 +32,7 @@ __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALGORITHM",
     "CarryPolicy",
+    "Company",
     "Selection",
     "check_algorithm",
     "check_lengths",
@@ -113,6 +115,7 @@ def pack(
     max_per_pack: int | None = None,
     seed: int = 0,
     delta: int = 0,
+    company: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Groups the indices of ``lengths`` into packs of total length ``<= capacity``.
 
@@ -124,6 +127,8 @@ def pack(
         seed: Seed of ``first_fit_shuffle`` (the others are deterministic without it).
         delta: Extra packs pre-allocated by ``balanced_greedy_knapsack``; must be 0 for the
             other algorithms, which have no such knob.
+        company: Each item's :class:`Company` (``None``: all ``ANY``): an ``APART`` item
+            shares its pack only with ``PLAIN`` ones (:mod:`energon_packing.packing.company`).
 
     Returns:
         Every index exactly once, no empty group; deterministic for the same input and seed.
@@ -132,6 +137,22 @@ def pack(
         ValueError: naming the bad index and value, or the valid algorithm names.
     """
     lengths = _check_call(lengths, capacity, algorithm, max_per_pack, delta)
+    units = (
+        group(lengths, capacity, company, max_per_pack=max_per_pack)
+        if company is not None
+        else None
+    )
+    if units is not None:
+        return units.expand_groups(
+            pack(
+                units.lengths,
+                capacity,
+                algorithm=algorithm,
+                max_per_pack=max_per_pack,
+                seed=seed,
+                delta=delta,
+            )
+        )
     return min(
         candidates(lengths, capacity, algorithm, max_per_pack, seed, delta), key=_score(lengths)
     )
@@ -205,12 +226,21 @@ def _score(lengths: Sequence[int]):
     return score
 
 
-def lower_bound(lengths: Sequence[int], capacity: int) -> int:
+def lower_bound(
+    lengths: Sequence[int], capacity: int, *, company: Sequence[int] | None = None
+) -> int:
     """max(L1, L2): no packing of ``lengths`` uses fewer packs (Martello & Toth 1990).
 
     L1 = ceil(sum / C). L2 counts items that pairwise cannot share a pack plus the volume of
     mid-sized items that cannot go beside them, over every threshold alpha <= C/2.
+    With ``company``: nor fewer than one pack per ``APART`` item plus the bound of the ``ANY``
+    items, which share no pack with them.
     """
+    if company is not None:
+        kinds = check_company(company, len(lengths))
+        apart = sum(kind is Company.APART for kind in kinds)
+        rest = [n for n, kind in zip(lengths, kinds) if kind is Company.ANY]
+        return max(lower_bound(lengths, capacity), apart + lower_bound(rest, capacity))
     sizes = sorted(check_lengths(lengths, capacity))
     if not sizes:
         return 0
@@ -248,6 +278,7 @@ def select_packs(
     carry_counts: Sequence[int] | None = None,
     buffer_size: int | None = None,
     final: bool = False,
+    company: Sequence[int] | None = None,
 ) -> Selection:
     """One select round over a buffer: pack it, then (with ``carry``) keep the emptiest packs'
     samples back for the next round. ``final=True`` (end of data) emits everything.
@@ -258,11 +289,37 @@ def select_packs(
         carry_counts: How often each buffered sample was carried already (default all 0).
         buffer_size: The buffer's capacity in samples, for the carry budget (default
             ``len(lengths)``).
+        company: Each sample's :class:`Company` (``None``: all ``ANY``): an ``APART`` sample
+            and the ``PLAIN`` ones that fill its pack are selected as one unit.
 
     Returns:
         A :class:`Selection` whose packs and carried positions cover every position once.
     """
     lengths = _check_call(lengths, capacity, algorithm, max_per_pack, delta)
+    units = (
+        group(lengths, capacity, company, max_per_pack=max_per_pack)
+        if company is not None
+        else None
+    )
+    if units is not None:
+        if carry_counts is not None and len(carry_counts) != len(lengths):
+            raise ValueError(
+                f"carry_counts has {len(carry_counts)} entries for {len(lengths)} lengths"
+            )
+        return units.expand(
+            select_packs(
+                units.lengths,
+                capacity,
+                algorithm=algorithm,
+                max_per_pack=max_per_pack,
+                seed=seed,
+                delta=delta,
+                carry=carry,
+                carry_counts=units.counts(carry_counts),
+                buffer_size=buffer_size,
+                final=final,
+            )
+        )
     proposals = candidates(
         lengths, capacity, algorithm, max_per_pack, round_seed(seed, lengths), delta
     )
@@ -300,6 +357,7 @@ def pack_stream(
     balance_window: int = 0,
     cost_model: StepCostModel | None = None,
     grids: Iterable[Sequence[Grid]] | None = None,
+    company: Iterable[int] | None = None,
 ) -> Iterator[list[int]]:
     """Packs a stream through a buffer of ``buffer_size`` samples, as the loader does.
 
@@ -310,6 +368,8 @@ def pack_stream(
     ``balance_window=W`` reorders the packs as the loader's balanced emission does, targeting
     ``cost_model``'s pack FLOPs (default: a 7B decoder's); ``grids`` (aligned with ``lengths``:
     each conversation's image and video grids) adds what its vision encoder costs.
+    ``company`` (aligned with ``lengths``) is each sample's :class:`Company`, as the loader
+    reads it from the encoder.
 
     Yields:
         Packs as lists of indices into the stream.
@@ -328,10 +388,17 @@ def pack_stream(
     sizes: list[int] = []  # by stream position
     vision: list[int] = []  # each conversation's vision FLOPs, by stream position
     media = grids if grids is not None else itertools.repeat(())
+    kinds: list[int] | None = [] if company is not None else None  # by stream position
+    companions = iter(company) if company is not None else None
 
     def positions() -> Iterator[int]:
         for position, (length, conversation) in enumerate(zip(lengths, media)):
             sizes.append(check_length(position, length, capacity))
+            if kinds is not None:
+                kind = next(companions, None)
+                if kind is None:
+                    raise ValueError(f"company ends at position {position}; lengths go on")
+                kinds.append(kind)
             if balance_window:
                 vision.append(model.vision_flops(conversation))
             yield position
@@ -348,6 +415,7 @@ def pack_stream(
             carry_counts=counts,
             buffer_size=buffer_size,
             final=final,
+            company=[kinds[i] for i in buffered] if kinds is not None else None,
         )
 
     loop = PackingLoop(

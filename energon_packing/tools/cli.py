@@ -259,7 +259,7 @@ def demo(
         _encoder(tokenizer="bundled", processor=processor, carry=True, **knobs),
         progress=False,
     )
-    bound = lower_bound(measured.costs, capacity)
+    bound = lower_bound(measured.costs, capacity, company=measured.company)
     sizes = [len(b["source_ids"][0]) for b in batches]
     click.echo(f"energon-packing demo: {data}" + (f" through {te.chat!r}" if processor else ""))
     click.echo(

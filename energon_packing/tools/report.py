@@ -71,6 +71,9 @@ class Measured:
     grids: list = field(default_factory=list)
     #: each conversation's audio clips' mel frames (empty where no audio encoder is priced)
     audio_frames: list = field(default_factory=list)
+    #: each conversation's ``packing.Company``, where one keeps other company than ``ANY``
+    #: (Phi-4-multimodal's clips); None where every one packs with anything
+    company: list | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,7 +122,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
 
     from energon_packing.loader.loading import epoch
 
-    keys, costs, lengths, grids, audio_frames = [], [], [], [], []
+    keys, costs, lengths, grids, audio_frames, company = [], [], [], [], [], []
     image_id, video_id = task_encoder.image_token_id, video_token_id(task_encoder)
     audio_id = audio_token_id(task_encoder)
     image_tokens = video_tokens = videos = with_videos = audio_tokens = audios = 0
@@ -137,6 +140,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
     for sample in samples:
         keys.append(sample.__key__)
         costs.append(sample.cost)
+        company.append(sample.company)
         lengths.append(sample.length)
         grids.append(list(sample.grids))
         audio_frames.append(list(getattr(sample, "audio_frames", None) or ()))
@@ -165,6 +169,7 @@ def measure_costs(path: Path | str, task_encoder: Any, *, progress: bool = True)
         audios=audios,
         grids=grids,
         audio_frames=audio_frames,
+        company=company if any(company) else None,
     )
 
 
@@ -178,7 +183,9 @@ def format_pack_costs(measured: Measured, cost_model: Any, *, buffer: int) -> st
     parts: dict[str, list[int]] = {"decoder linear": [], "attention": [], "vision": []}
     if cost_model.audio is not None:
         parts["audio"] = []
-    for group in pack_stream(measured.costs, capacity, buffer_size=buffer, carry=True):
+    for group in pack_stream(
+        measured.costs, capacity, buffer_size=buffer, carry=True, company=measured.company
+    ):
         cost = cost_model.pack_cost(
             [measured.lengths[i] for i in group],
             capacity=capacity,
@@ -257,8 +264,8 @@ def packing_table(
     **knobs: Any,
 ) -> list[Row]:
     """Packs of ``pack_stream`` per algorithm x mode x buffer (and one offline call each)."""
-    capacity, costs = measured.capacity, measured.costs
-    bound = lower_bound(costs, capacity)
+    capacity, costs, company = measured.capacity, measured.costs, measured.company
+    bound = lower_bound(costs, capacity, company=company)
     real = sum(measured.lengths)
     rows = []
     for algorithm in algorithms:
@@ -272,6 +279,7 @@ def packing_table(
                         buffer_size=buffer,
                         algorithm=algorithm,
                         carry=mode == "carry",
+                        company=company,
                         **knobs,
                     )
                 )
@@ -292,7 +300,7 @@ def packing_table(
                     algorithm=algorithm,
                     mode="offline",
                     buffer=None,
-                    packs=len(pack(costs, capacity, algorithm=algorithm, **knobs)),
+                    packs=len(pack(costs, capacity, algorithm=algorithm, company=company, **knobs)),
                     bound=bound,
                     real_tokens=real,
                     capacity=capacity,
