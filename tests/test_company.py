@@ -160,3 +160,36 @@ def test_the_tools_count_packs_under_the_rule():
     ]
     measured.company = None  # every conversation ANY: 4 packs of 80 + 24 of 10 fill 6
     assert [row.packs for row in packing_table(measured, algorithms=["subset_fill"])][-1] == 6
+
+
+def test_a_clips_pack_waits_for_text_where_text_is_plentiful():
+    """capacity 100, a buffer of 8: a=50 takes t=30 and u=10 and holds 90. With 40 tokens of
+    text (at least half its room of 50) it is carried to wait for more, as an under-full pack
+    is; with text scarcer (a second clip of 90 adds to the room) both clips leave at once."""
+    carry = CarryPolicy()
+    plentiful = select_packs([50, 30, 10], 100, carry=carry, company=[A, P, P], buffer_size=8)
+    assert plentiful.carried == [0, 1, 2] and plentiful.packs == []
+    scarce = select_packs([50, 30, 10, 50], 100, carry=carry, company=[A, P, P, A], buffer_size=8)
+    assert sorted(map(sorted, scarce.packs)) == [[0, 1, 2], [3]] and scarce.carried == []
+
+
+def test_the_carry_budget_counts_samples_not_units():
+    """budget 0.5 of a 4-sample buffer: 2 samples. The under-full unit [a, t] (2 samples) is
+    carried; with budget 0.25 (1 sample) it is not, though it is one unit."""
+    for budget, carried in ((0.5, [0, 1]), (0.25, [])):
+        selection = select_packs(
+            [50, 30, 100, 100],
+            100,
+            carry=CarryPolicy(budget=budget),
+            company=[A, P, N, N],
+            buffer_size=4,
+        )
+        assert selection.carried == carried, budget
+
+
+def test_the_bound_counts_text_no_clips_pack_can_take():
+    """capacity 100, a clip of 60 leaves 40: text of 50 shares no pack with it, nor with the
+    image conversation of 60 (3 packs); text of 40 can (2 packs). Counted as text that fits
+    anywhere, the bound would say 2 for both."""
+    assert lower_bound([60, 50, 60], 100, company=[A, P, N]) == 3
+    assert lower_bound([60, 40, 60], 100, company=[A, P, N]) == 2

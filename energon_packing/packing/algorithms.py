@@ -233,14 +233,20 @@ def lower_bound(
 
     L1 = ceil(sum / C). L2 counts items that pairwise cannot share a pack plus the volume of
     mid-sized items that cannot go beside them, over every threshold alpha <= C/2.
-    With ``company``: nor fewer than one pack per ``APART`` item plus the bound of the ``ANY``
-    items, which share no pack with them.
+    With ``company``: nor fewer than one pack per ``APART`` item plus the bound of the items
+    that share no pack with them (``ANY`` ones, ``PLAIN`` ones longer than any room they
+    leave).
     """
     if company is not None:
         kinds = check_company(company, len(lengths))
-        apart = sum(kind is Company.APART for kind in kinds)
-        rest = [n for n, kind in zip(lengths, kinds) if kind is Company.ANY]
-        return max(lower_bound(lengths, capacity), apart + lower_bound(rest, capacity))
+        apart = [n for n, kind in zip(lengths, kinds) if kind is Company.APART]
+        room = capacity - min(apart, default=capacity)  # the most text one clip's pack takes
+        rest = [
+            n
+            for n, kind in zip(lengths, kinds)
+            if kind is Company.ANY or (kind is Company.PLAIN and n > room)
+        ]
+        return max(lower_bound(lengths, capacity), len(apart) + lower_bound(rest, capacity))
     sizes = sorted(check_lengths(lengths, capacity))
     if not sizes:
         return 0
@@ -296,52 +302,38 @@ def select_packs(
         A :class:`Selection` whose packs and carried positions cover every position once.
     """
     lengths = _check_call(lengths, capacity, algorithm, max_per_pack, delta)
+    counts = carry_counts if carry_counts is not None else [0] * len(lengths)
+    if len(counts) != len(lengths):
+        raise ValueError(f"carry_counts has {len(counts)} entries for {len(lengths)} lengths")
     units = (
         group(lengths, capacity, company, max_per_pack=max_per_pack)
         if company is not None
         else None
     )
-    if units is not None:
-        if carry_counts is not None and len(carry_counts) != len(lengths):
-            raise ValueError(
-                f"carry_counts has {len(carry_counts)} entries for {len(lengths)} lengths"
-            )
-        return units.expand(
-            select_packs(
-                units.lengths,
-                capacity,
-                algorithm=algorithm,
-                max_per_pack=max_per_pack,
-                seed=seed,
-                delta=delta,
-                carry=carry,
-                carry_counts=units.counts(carry_counts),
-                buffer_size=buffer_size,
-                final=final,
-            )
-        )
-    proposals = candidates(
-        lengths, capacity, algorithm, max_per_pack, round_seed(seed, lengths), delta
-    )
+    # The algorithm packs a unit as the capacity (it packs alone); the carry rule may weigh it
+    # by what it holds (Units.carry_loads)
+    costs = units.lengths if units is not None else lengths
+    volumes = units.carry_loads(lengths) if units is not None else lengths
+    proposals = candidates(costs, capacity, algorithm, max_per_pack, round_seed(seed, costs), delta)
     if carry is None or final:
-        return emit_all(min(proposals, key=_score(lengths)), lengths, capacity)
-    counts = carry_counts if carry_counts is not None else [0] * len(lengths)
-    if len(counts) != len(lengths):
-        raise ValueError(f"carry_counts has {len(counts)} entries for {len(lengths)} lengths")
+        chosen = emit_all(min(proposals, key=_score(costs)), volumes, capacity)
+        return units.expand(chosen) if units is not None else chosen
     selections = [
         split(
             groups,
-            lengths,
+            volumes,
             capacity,
             policy=carry,
-            carry_counts=counts,
+            carry_counts=units.counts(counts) if units is not None else counts,
             buffer_size=buffer_size or len(lengths),
+            members=units.sizes if units is not None else None,
         )
         for groups in proposals
     ]
     # Least waste in what leaves the buffer, then the most packs out: under carry, what is
     # kept back is not lost, only what is emitted half empty is.
-    return min(selections, key=lambda s: (s.waste, -len(s.packs)))
+    chosen = min(selections, key=lambda s: (s.waste, -len(s.packs)))
+    return units.expand(chosen) if units is not None else chosen
 
 
 def pack_stream(

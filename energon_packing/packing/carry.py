@@ -83,20 +83,26 @@ def split(
     policy: CarryPolicy,
     carry_counts: Sequence[int],
     buffer_size: int,
+    members: Sequence[int] | None = None,
 ) -> Selection:
     """Carries the samples of the emptiest packs below ``min_fill``, within the budget, never a
-    sample already carried ``max_carries`` times. Emitted packs keep their order."""
+    sample already carried ``max_carries`` times. Emitted packs keep their order.
+    ``members``: how many samples each position stands for (a unit of the company rule), for
+    the budget (default one each)."""
     budget = int(policy.budget * buffer_size)
     threshold = policy.min_fill * capacity
     loads = [sum(lengths[i] for i in group) for group in groups]
     carried: list[int] = []
+    held = 0  # samples carried
     keep = [True] * len(groups)
     for g in sorted(range(len(groups)), key=lambda g: (loads[g], g)):
         group = groups[g]
-        if loads[g] >= threshold or len(carried) + len(group) > budget:
+        size = sum(members[i] for i in group) if members is not None else len(group)
+        if loads[g] >= threshold or held + size > budget:
             continue
         if all(carry_counts[i] < policy.max_carries for i in group):
             carried.extend(group)
+            held += size
             keep[g] = False
     emitted = [g for g in range(len(groups)) if keep[g]]
     return Selection(
