@@ -219,3 +219,42 @@ def test_check_reads_every_audio_part_as_the_loader_will(tmp_path):
     unread = run("check", root, "--no-audio")
     assert unread.exit_code == 0, unread.output
     assert "audio parts" not in unread.output
+
+
+def test_check_reads_every_videos_own_track_for_a_track_run(tmp_path):
+    """``--video-tracks`` reads each video's own audio track as a run with
+    ``audio_config['load_audio_from_video']`` will: a silent video is listed under
+    ``audio_no_stream`` naming the switch, a video with sound passes; without it the silent
+    video reads (its frames are fine); with ``--no-videos`` it is refused, naming why."""
+    pytest.importorskip("av")
+    from energon_packing.testing.audio import clip
+    from energon_packing.testing.clips import with_sound
+
+    def doc():
+        return json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "video", "video": "v.mp4"}]},
+                    {"role": "assistant", "content": "Seen and heard."},
+                ],
+                "videos": ["v.mp4"],
+            }
+        )
+
+    silent = (Path(__file__).parent / "data/video/h264_48x36_10fps_2s.mp4").read_bytes()
+    samples = [
+        raw_sample("loud", doc(), {"v.mp4": with_sound(silent, clip("m4a", seconds=1.0))}),
+        raw_sample("silent", doc(), {"v.mp4": silent}),
+    ]
+    root = make_dataset(tmp_path / "ds", [], raw=samples)
+    assert run("check", root).exit_code == 0
+    skips = tmp_path / "skips.jsonl"
+    result = run("check", root, "--video-tracks", "--skips", skips)
+    assert result.exit_code == 1, result.output
+    assert "2 video parts" in result.output and "1 unreadable" in result.output
+    (row,) = map(json.loads, skips.open())
+    assert (row["key"], row["reason"]) == ("silent", "audio_no_stream")
+    assert "the video's own audio track" in row["detail"]
+    assert "load_audio_from_video" in row["detail"]
+    refused = run("check", root, "--video-tracks", "--no-videos")
+    assert refused.exit_code == 2 and "drop --no-videos" in refused.output

@@ -9,7 +9,9 @@ a body that is no image behind a JPEG's first bytes), a video's container header
 decode; no frame is decoded; ``video_unreadable``, ``video_no_stream``, ``video_empty``,
 ``unsupported_video`` without PyAV), an audio clip's length read as the loader reads it
 (:func:`energon_packing.media.audio.length`: its header where exact, else a decode;
-``audio_unreadable``, ``audio_no_stream``). Each one the loader would skip is named with its shard,
+``audio_unreadable``, ``audio_no_stream``), and with ``tracks`` each video's own audio track
+read as a run with ``audio_config['load_audio_from_video']`` reads it (a silent video:
+``audio_no_stream``). Each one the loader would skip is named with its shard,
 offset and key before a run starts; each costs its conversation only (the loader skips it and
 counts the reason).
 """
@@ -50,6 +52,7 @@ def scan_media(
     images: bool = True,
     videos: bool = True,
     audios: bool = True,
+    tracks: bool = False,
     shards: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> MediaScan:
@@ -60,6 +63,8 @@ def scan_media(
     Args:
         path: The dataset folder.
         images, videos, audios: Which parts to read.
+        tracks: Also read each video's own audio track (with ``videos``), as a run with
+            ``audio_config['load_audio_from_video']`` (the Omni thinkers) does.
         shards: Shard paths relative to ``path``; default: those ``energon prepare`` finds.
         progress: Called with each part's size in bytes, after it is read.
 
@@ -69,7 +74,7 @@ def scan_media(
     from energon_packing.media.audio import length
     from energon_packing.media.images import verify
 
-    if audios:
+    if audios or (videos and tracks):
         import av  # noqa: F401  (PyAV: the [video] extra; without it every clip reads as unreadable)
 
     probe = None
@@ -94,6 +99,8 @@ def scan_media(
                                 scan.videos += 1
                                 if not probe(data).frames:
                                     raise Skip("video_empty", "the video stream holds no frame")
+                                if tracks:
+                                    _track(data)
                             elif check == "audio":
                                 scan.audios += 1
                                 length(data)
@@ -116,6 +123,23 @@ def scan_media(
         except (tarfile.TarError, OSError):  # a broken shard: the shard scan reports it
             continue
     return scan
+
+
+def _track(data: bytes) -> None:
+    """A video's own audio track read as the loader reads it for a track run (its length: the
+    header where exact, else a decode)."""
+    from energon_packing.media.audio import length
+
+    try:
+        length(data)
+    except Skip as e:
+        fix = (
+            ": audio_config['load_audio_from_video'] interleaves every video's track, and the "
+            "thinker's positions take no silent video beside them"
+            if e.reason == "audio_no_stream"
+            else ""
+        )
+        raise Skip(e.reason, f"the video's own audio track: {e.detail}{fix}") from None
 
 
 def _samples(tar: tarfile.TarFile):

@@ -801,9 +801,23 @@ def prepare_command(path: Path, split_parts, allow_losses: bool) -> None:
     help="Also read every audio part's length as the loader will (the header where exact, "
     "else a decode): a clip the loader would skip is listed before training.",
 )
+@click.option(
+    "--video-tracks/--no-video-tracks",
+    default=False,
+    show_default=True,
+    help="Also read every video's own audio track, as a run with audio_config="
+    "{'load_audio_from_video': True} (Qwen2.5-Omni, Qwen3-Omni) will: a silent video is "
+    "listed (audio_no_stream) before training.",
+)
 @click.option("--skips", type=click.Path(dir_okay=False, path_type=Path), help=_SKIPS_HELP)
 def check(
-    path: Path, limit: int, decode: bool, videos: bool, audio: bool, skips: Path | None
+    path: Path,
+    limit: int,
+    decode: bool,
+    videos: bool,
+    audio: bool,
+    video_tracks: bool,
+    skips: Path | None,
 ) -> None:
     """Read every tar header of every shard under PATH; list what Energon or WebDataset would
     drop, with shard, offset, key and reason, and every image that does not decode, every
@@ -817,7 +831,11 @@ def check(
     start = time.perf_counter()
     scan = scan_dataset(path)
     click.echo(format_scan(scan, seconds=time.perf_counter() - start, limit=limit))
-    unreadable = _check_media(path, limit, images=decode, videos=videos, audios=audio)
+    if video_tracks and not videos:
+        raise click.UsageError("--video-tracks reads the videos' tracks: drop --no-videos")
+    unreadable = _check_media(
+        path, limit, images=decode, videos=videos, audios=audio, tracks=video_tracks
+    )
     if skips is not None:
         _write_skips(
             skips,
@@ -862,7 +880,9 @@ def _write_skips(file: Path, rows) -> None:
     click.echo(f"{count:,} skipped key(s) with their reasons in {file}")
 
 
-def _check_media(path: Path, limit: int, *, images: bool, videos: bool, audios: bool) -> list:
+def _check_media(
+    path: Path, limit: int, *, images: bool, videos: bool, audios: bool, tracks: bool = False
+) -> list:
     """``check``'s media pass (:func:`energon_packing.incoming.media_check.scan_media`): prints
     what it read and the images, videos and clips the loader would skip; returns those."""
     if not images and not videos and not audios:
@@ -871,7 +891,7 @@ def _check_media(path: Path, limit: int, *, images: bool, videos: bool, audios: 
 
     start = time.perf_counter()
     try:
-        found = scan_media(path, images=images, videos=videos, audios=audios)
+        found = scan_media(path, images=images, videos=videos, audios=audios, tracks=tracks)
     except ImportError as e:  # PyAV: the [video] extra
         click.echo(
             f"\nvideo headers and audio lengths not read ({e}); pip install 'av>=14' (the "
