@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_packing.encoding import hf_compat, image_rules
+from energon_packing.encoding import hf_compat, image_rules, llama4_tiles
 from energon_packing.encoding.models import ModelInfo
 from energon_packing.media import video_styles
 from energon_packing.media.audio_rules import (
@@ -90,6 +90,10 @@ class Family:
         image_kwargs: What the processor's own ``__call__`` adds to its image processor's
             keyword arguments, given the processor (Pixtral's: ``patch_size`` times
             ``spatial_merge_size``).
+        slot_token: The token the model fills with vision features, where the processor's
+            image token only marks an image (Llama 4: ``<|patch|>``, its
+            ``image_token_index``; ``<|image|>`` opens the global view); None: the
+            processor's image token(s).
         needs: Packages the family's processor class needs beyond transformers, which the
             family table names (Pixtral's: torchvision; without it the class does not build,
             and loading such a directory fails in one line naming it).
@@ -114,6 +118,7 @@ class Family:
     vision_start: str = "<|vision_start|>"
     image_kwargs: Callable[[Any], dict] | None = None
     needs: tuple[str, ...] = ()
+    slot_token: str | None = None
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -307,6 +312,20 @@ FAMILIES: tuple[Family, ...] = (
         audio=QWEN2_5_OMNI_AUDIO,
         vision_start="<|vision_bos|>",
     ),
+    # Llama 4: each image's tiles (at most max_patches of 336 px, the canvas its image
+    # processor picks by size) and a global view, <|patch|> runs between tile separators;
+    # 1-D positions; its chunked attention and attention temperature follow the row's
+    # absolute positions, so a pack is exact up to one chunk (models.check_rope)
+    Family(
+        name="llama4",
+        classes=("Llama4Processor",),
+        model_types=("llama4",),
+        replacement_inputs=llama4_tiles.llama4_inputs,
+        expansion=llama4_tiles.llama4_expansion,
+        image_kwargs=llama4_tiles.llama4_kwargs,
+        needs=("torchvision",),
+        slot_token="<|patch|>",
+    ),
     # Phi-4-multimodal: the image's HD crops of 448 px (at most dynamic_hd) and a global
     # view, a token count fixed by its size; crops padded across a call (their masks with
     # ones: schema.MEDIA_FILL); 1-D positions, its longrope bound on the pack's width
@@ -346,11 +365,6 @@ REFUSED: dict[str, str] = {
         "its prompt attends bidirectionally (token_type_ids 0: one prefix-LM block over the "
         "whole row) and its positions start at 1; a pack would need each conversation's own "
         "prefix block, which is not laid out"
-    ),
-    "llama4": (
-        "transformers 5.24's Llama4ForConditionalGeneration.forward raises AttributeError "
-        "('image_outputs') on every call, and its attention temperature depends on the "
-        "absolute position"
     ),
     "pixtral": (
         "the Pixtral vision encoder alone (PixtralVisionModel), no language model; Pixtral-12B's "

@@ -21,9 +21,11 @@ from typing import Any
 __all__ = [
     "ALPHA_ON_WHITE_SINCE",
     "BACKEND_METHODS",
+    "BROKEN_FORWARD",
     "FRACTIONAL_TIME_INTERVAL_SINCE",
     "GEMMA3_WINDOW_CUTS_BLOCKS_SINCE",
     "LATER_PROCESSOR_MEDIA_SINCE",
+    "MASKS_FOLLOW_PACKED_POSITIONS_SINCE",
     "OMNI_AUDIO_WINDOWS_SINCE",
     "PACK_RULES",
     "PROCESSOR_MEDIA_SINCE",
@@ -36,12 +38,14 @@ __all__ = [
     "alpha_on_white",
     "attn_implementation",
     "backend_class",
+    "broken_forward",
     "check",
     "compile_chat_template",
     "dotted",
     "fractional_time_interval",
     "gemma3_window_cuts_blocks",
     "gemma4_mask_rule",
+    "masks_follow_packed_positions",
     "merged_images_kwargs",
     "mixin_token_types",
     "module_function",
@@ -111,6 +115,22 @@ QWEN3_VIDEO_KEEPS_MARKUP_UNTIL = (5, 25, 0)
 #: ``max_video_tokens`` (before, by their own alone): an Omni processor, which passes
 #: ``video_config`` in its call, takes a ``video_config`` cap from this release on
 VIDEO_CAP_FROM_CALL_SINCE = (5, 25, 0)
+#: The masks of a padding-free row (packed sequences found from ``position_ids``) take each
+#: sequence's own positions for their rules (``remap_positions_for_packed_sequence``) since
+#: 5.23.0: Llama 4's attention chunks then follow each conversation; before, the row's index
+#: (tests/test_llama4.py measures both)
+MASKS_FOLLOW_PACKED_POSITIONS_SINCE = (5, 23, 0)
+#: Models whose forward is broken on some releases, by model type: ``(since, until, what)``.
+#: Llama 4's raises on every call in 5.24.0 (its output class lost the ``image_outputs`` its
+#: forward sets); 5.23 and 5.25 run it
+BROKEN_FORWARD: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
+    "llama4": (
+        (5, 24, 0),
+        (5, 25, 0),
+        "Llama4ForConditionalGeneration.forward raises AttributeError ('image_outputs') on "
+        "every call",
+    ),
+}
 #: The rules above that change what a pack holds (ids, pixels, positions, masks), by name: the
 #: release it came in with, or ``(since, until)`` for one that a later release took back. A
 #: checkpoint records which were in force (:func:`pack_rules`) and a restore under other rules
@@ -504,6 +524,28 @@ def video_cap_from_call() -> bool:
     return found is None or found >= VIDEO_CAP_FROM_CALL_SINCE
 
 
+def broken_forward(model_type: str | None) -> str | None:
+    """Why the installed release cannot run ``model_type``'s forward (:data:`BROKEN_FORWARD`),
+    naming the releases that can; None where it can."""
+    found = transformers_version()
+    if model_type not in BROKEN_FORWARD or found is None:
+        return None
+    since, until, what = BROKEN_FORWARD[model_type]
+    if not since <= found < until:
+        return None
+    return (
+        f"on transformers {dotted(found)}, {what}: install another release (before "
+        f"{dotted(since)} or from {dotted(until)} on)"
+    )
+
+
+def masks_follow_packed_positions() -> bool:
+    """Whether the installed masks take a packed sequence's own positions for chunks (5.23+;
+    also without transformers: the newest rule)."""
+    found = transformers_version()
+    return found is None or found >= MASKS_FOLLOW_PACKED_POSITIONS_SINCE
+
+
 @functools.cache
 def video_frames_apart() -> bool:
     """Whether the installed Qwen2-VL / Qwen2.5-VL position a video frame by frame (5.6+; also
@@ -554,6 +596,17 @@ def check() -> list[str]:
     from transformers.processing_utils import ProcessorMixin
 
     checked = []
+    from transformers import masking_utils
+
+    if masks_follow_packed_positions() != hasattr(
+        masking_utils, "remap_positions_for_packed_sequence"
+    ):
+        raise _fail(
+            "masking_utils.remap_positions_for_packed_sequence",
+            f"present on {dotted(transformers_version())} against the rule "
+            f"(since {dotted(MASKS_FOLLOW_PACKED_POSITIONS_SINCE)})",
+        )
+    checked.append("masks_follow_packed_positions")
     compiled = compile_chat_template("{{ messages[0]['content'] }}")
     if compiled.render(messages=[{"content": "x"}]) != "x":
         raise _fail("_compile_jinja_template", "renders a probe otherwise")

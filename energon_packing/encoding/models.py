@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from energon_packing.encoding import hf_compat
+
 __all__ = [
     "SEPARATE_LAYER_TYPES",
     "ModelInfo",
@@ -51,6 +53,9 @@ SEPARATE_LAYER_TYPES = frozenset(
     {
         "full_attention",
         "sliding_attention",
+        # Llama 4's: attention within chunks of the row's absolute positions (check_rope
+        # bounds the width to one chunk)
+        "chunked_attention",
         "attention",
         "mlp",
         "moe",
@@ -114,6 +119,10 @@ class ModelInfo:
             ``max_position_embeddings``), so a pack is exact only that wide. None: they do not
             depend on the row.
         rope_type: That rotary type (for the message).
+        row_bounds: Other rules that follow the row's absolute positions rather than each
+            conversation's, each ``(what, bound)``: the widest pack that keeps them as alone
+            (Llama 4: its attention chunks, ``attention_chunk_size``; its attention temperature
+            on the layers without rotary embeddings, constant below ``floor_scale - 1``).
     """
 
     model_type: str
@@ -121,6 +130,7 @@ class ModelInfo:
     source: str = ""
     rope_bound: int | None = None
     rope_type: str = ""
+    row_bounds: tuple[tuple[str, int], ...] = ()
 
     @property
     def stateful_layers(self) -> dict[str, int]:
@@ -212,7 +222,39 @@ def model_info(config: Any, *, source: str = "") -> ModelInfo:
         source=source,
         rope_bound=bound,
         rope_type=rope_type,
+        row_bounds=_row_bounds(text),
     )
+
+
+def _row_bounds(text: Any) -> tuple[tuple[str, int], ...]:
+    """:attr:`ModelInfo.row_bounds` of a text config: transformers' Llama 4 scales its
+    queries by the row's index (``arange``), whatever ``position_ids``; before 5.23 its
+    attention chunks follow the row's index too (:func:`hf_compat.masks_follow_packed_positions`)."""
+    found = []
+    chunk = _get(text, "attention_chunk_size")
+    layers = _get(text, "layer_types")
+    chunked = not isinstance(layers, (list, tuple)) or "chunked_attention" in layers
+    # since 5.23 a padding-free row's chunks follow each conversation's positions
+    row_chunks = not hf_compat.masks_follow_packed_positions()
+    if isinstance(chunk, int) and chunk > 0 and chunked and row_chunks:
+        found.append(
+            (
+                f"chunked attention (attention_chunk_size={chunk:,}: chunks of the row's "
+                f"positions, not of each conversation's)",
+                chunk,
+            )
+        )
+    floor = _get(text, "floor_scale")
+    if _get(text, "attn_temperature_tuning") and isinstance(floor, int) and floor > 1:
+        found.append(
+            (
+                f"attention temperature tuning (floor_scale={floor:,}: the layers without "
+                f"rotary embeddings scale their queries by the row's position from "
+                f"{floor - 1:,} on)",
+                floor - 1,
+            )
+        )
+    return tuple(found)
 
 
 #: Rotary types whose frequencies transformers picks per forward from the row's largest
@@ -247,7 +289,16 @@ def _rope_bound(text: Any) -> tuple[str, int | None]:
 
 def check_rope(info: ModelInfo, *, width: int, where: str) -> None:
     """Raises where packs ``width`` wide would give the model other rotary frequencies than
-    each conversation alone (:attr:`ModelInfo.rope_bound`)."""
+    each conversation alone (:attr:`ModelInfo.rope_bound`), or other attention
+    (:attr:`ModelInfo.row_bounds`)."""
+    for what, bound in info.row_bounds:
+        if width > bound:
+            raise ValueError(
+                f"{where}: model type {info.model_type!r} ({info.source}) uses {what}; a pack "
+                f"{width:,} wide (padding included) would give a conversation that does not "
+                f"start the row other attention than alone: set max_input_seq_length <= "
+                f"{bound:,}, or train unpacked (unpacked=True)"
+            )
     if info.rope_bound is None or width <= info.rope_bound:
         return
     raise ValueError(

@@ -149,11 +149,16 @@ class ProcessorChat:
         if self.has_images and self.family is None:
             model = info_of(processor)
             raise ValueError(refusal(self.name, model.model_type if model else None))
+        broken = hf_compat.broken_forward(self.family.name if self.family else None)
+        if broken:
+            raise ValueError(f"{self.name}: model family {self.family.name!r}: {broken}")
         self.family_name = self.family.name if self.family else "text"
         self.image_token = getattr(processor, "image_token", None) if self.has_images else None
         self.image_token_id = None  # the id the model replaces with vision features
         if self.image_token:
             ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
+            if self.family is not None and self.family.slot_token:
+                ids = [self.tokenizer.convert_tokens_to_ids(self.family.slot_token)]
             self.image_token_id = (
                 ids[0] if ids else self.tokenizer.convert_tokens_to_ids(self.image_token)
             )

@@ -68,6 +68,8 @@ class ImageSide:
         self.audio_markup = _markup(render, audio_token, kind="audio") if audio_token else None
         # the tokens the model fills with vision features (Gemma 3: not its placeholder)
         ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
+        if family.slot_token:
+            ids = [processor.tokenizer.convert_tokens_to_ids(family.slot_token)]
         if not ids:
             ids = [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
         self._slot_ids = np.asarray(ids, dtype=np.int64)
@@ -271,7 +273,7 @@ class ImageSide:
                 f"to {[len(r) for r in predicted]}, the encoded ids hold {held} image tokens; "
                 f"energon_packing.encoding.families disagrees with the processor"
             )
-        return {n: np.asarray(processed[n]) for n in self.fields if n in processed}
+        return {n: _array(processed[n]) for n in self.fields if n in processed}
 
     def token_fields_of_pack(self, ids: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
         """:meth:`token_fields` of each conversation of a pack. Where the processor's
@@ -340,3 +342,11 @@ def _markup(
         return "", ""
     before, after = markup.split(image_token)
     return before, after
+
+
+def _array(value: Any) -> np.ndarray:
+    """An output of the image processor as a numpy array; a torch tensor in bfloat16 (Llama 4's
+    pixels, which numpy has no type for) widened to float32, which holds each value exactly."""
+    if hasattr(value, "numpy") and str(getattr(value, "dtype", "")) == "torch.bfloat16":
+        return value.float().numpy()
+    return np.asarray(value)

@@ -172,6 +172,9 @@ def to_hf(
     model_type = getattr(config, "model_type", None)
     if model_type in REFUSED:
         raise ValueError(f"to_hf: model type {model_type!r} is not packed: {REFUSED[model_type]}")
+    broken = hf_compat.broken_forward(model_type)
+    if broken:
+        raise ValueError(f"to_hf: model type {model_type!r}: {broken}")
     attn = attn_implementation or hf_compat.attn_implementation(text_config(config))
     varlen = "flash" in (attn or "")
     if config is not None:

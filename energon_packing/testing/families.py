@@ -529,6 +529,10 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
 
     if family in families_pixtral.PIXTRAL_FAMILIES:  # torchvision: families_pixtral
         return families_pixtral._pixtral_family(family, model)
+    if family == "llama4":  # torchvision: families_llama4
+        from energon_packing.testing.families_llama4 import llama4
+
+        return llama4(model)
     if family == "phi4_multimodal":  # torchvision: families_phi4
         from energon_packing.testing.families_phi4 import phi4_multimodal
 
