@@ -139,17 +139,38 @@ def _audio_reference(processor, key: str) -> dict:
 AUDIO_FIELDS = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
 
 
+def _faulty() -> list[tuple[str, dict, dict, str]]:
+    """test_audio's faulty clips (missing, unreadable, no audio stream, over max_audio_seconds
+    of 5, not referenced) and one under Phi-4's 25 ms feature window: (key, document, parts,
+    reason)."""
+    from test_audio import _faulty as faulty
+
+    from energon_packing.testing.audio import clip
+
+    short = {
+        "messages": [
+            {"role": "user", "content": [{"type": "audio", "audio": "s.wav"}]},
+            {"role": "assistant", "content": "A click."},
+        ],
+        "audios": ["s.wav"],
+    }
+    return [
+        *faulty(),
+        ("too_short", short, {"s.wav": clip("wav", seconds=0.02)}, "audio_too_short"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def audio_dataset(tmp_path_factory):
     """test_audio's conversations (one clip, two clips, a clip and an image, placeholders,
-    text only) beside this module's text and image ones."""
+    text only) and faulty clips (:func:`_faulty`) beside this module's text and image ones."""
     import json
 
     from test_audio import CONVERSATIONS as AUDIO_CONVERSATIONS
 
     raw = [
         {"__key__": key, "json": json.dumps(document).encode(), **parts}
-        for key, document, parts in AUDIO_CONVERSATIONS
+        for key, document, parts, *_ in [*AUDIO_CONVERSATIONS, *_faulty()]
     ]
     return make_dataset(tmp_path_factory.mktemp("phi4_audio"), CONVERSATIONS, raw=raw)
 
@@ -162,7 +183,8 @@ def test_phi4_audio_packs_beside_text_only_through_the_loader(audio_dataset, wor
     audio encoder reads the padding of a call's longest clip, its projection the call's images:
     tests/test_phi4_couplings.py), which fill the rest of it: its ids, features, sizes and (two
     clips) frame mask are the processor's on it alone, and every conversation's logits are its
-    own alone; image conversations pack together as before; each conversation exactly once."""
+    own alone; image conversations pack together as before; each conversation exactly once,
+    or, with a faulty clip, in the skip report under its exact reason (issue 32's mixed epoch)."""
     from test_audio import BY_KEY as AUDIO_BY_KEY
     from test_families import _processor_call, images_in_order
 
@@ -177,7 +199,9 @@ def test_phi4_audio_packs_beside_text_only_through_the_loader(audio_dataset, wor
         return _processor_call(processor, BY_KEY[key], pictures)
 
     processor, model, _ = build("phi4_multimodal")
-    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
+    te = PackingTaskEncoder(
+        max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8, max_audio_seconds=5.0
+    )
     seen, worst, alone, shared, masks = [], 0.0, 0, 0, 0
     skipped = []
     for batch in loader_batches(audio_dataset, te, buffer=8, workers=workers):
@@ -215,10 +239,13 @@ def test_phi4_audio_packs_beside_text_only_through_the_loader(audio_dataset, wor
             alone_logits = hf.run(model, dict(reference))
             worst = max(worst, float((logits[start : start + n] - alone_logits).abs().max()))
             seen.append(key)
-    everything = sorted([*AUDIO_BY_KEY, *BY_KEY])
+    faulty = {key: reason for key, _, _, reason in _faulty()}
+    everything = sorted([*AUDIO_BY_KEY, *BY_KEY, *faulty])
     assert sorted([*seen, *(key for key, _ in skipped)]) == everything  # each exactly once
-    assert {reason for _, reason in skipped} <= {"overlong"}, skipped
-    assert shared >= 2 and masks >= 1, (alone, shared, masks)
+    reasons = dict(skipped)
+    assert {key: reasons[key] for key in faulty} == faulty  # each under its exact reason
+    assert {reasons[key] for key in reasons if key not in faulty} <= {"overlong"}, skipped
+    assert shared >= 1 and masks >= 1, (alone, shared, masks)
     if not workers:  # stats packs the split under the same rule: each key's company
         from energon_packing.tools.report import measure_costs
 
