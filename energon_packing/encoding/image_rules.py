@@ -30,6 +30,7 @@ __all__ = [
     "glm4v_inputs",
     "idefics3_expansion",
     "idefics3_inputs",
+    "image_settings",
     "internvl_expansion",
     "llava_expansion",
     "llava_inputs",
@@ -473,9 +474,10 @@ def phi4_tokens(height: int, width: int, *, size: int, patch: int, max_crops: in
     return 256 + 1 + valid_rows * valid_cols + valid_rows + 16
 
 
-def phi4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
-    """Phi-4-multimodal: ``num_img_tokens`` per image, from its size and the image processor's
-    ``size``, ``patch_size`` and ``dynamic_hd`` (what its ``replace_image_token`` reads)."""
+def image_settings(processor: Any) -> tuple[Callable[[str], Any], int]:
+    """``(setting, side)``: the image processor's setting ``name`` as the processor's own
+    ``__call__`` passes it (its merged ``images_kwargs``, else the image processor's own), and
+    the square side of its ``size`` (a crop's or a tile's)."""
     kwargs = hf_compat.merged_images_kwargs(processor)
     image_processor = processor.image_processor
 
@@ -485,9 +487,16 @@ def phi4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
 
     size = setting("size")
     side = size["height"] if isinstance(size, Mapping) else getattr(size, "height", size)
+    return setting, int(side)
+
+
+def phi4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """Phi-4-multimodal: ``num_img_tokens`` per image, from its size and the image processor's
+    ``size``, ``patch_size`` and ``dynamic_hd`` (what its ``replace_image_token`` reads)."""
+    setting, side = image_settings(processor)
     count = functools.partial(
         phi4_tokens,
-        size=int(side),
+        size=side,
         patch=int(setting("patch_size")),
         max_crops=int(setting("dynamic_hd")),
     )

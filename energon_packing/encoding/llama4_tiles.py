@@ -16,13 +16,11 @@ The scales are compared in float32, as the image processor compares them (its te
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from energon_packing.encoding import hf_compat
-from energon_packing.encoding.image_rules import _Shape
+from energon_packing.encoding.image_rules import _Shape, image_settings
 
 __all__ = ["llama4_expansion", "llama4_inputs", "llama4_kwargs", "llama4_tiles"]
 
@@ -67,24 +65,16 @@ def llama4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
     """What Llama 4's ``replace_image_token`` reads: each image's ``aspect_ratios`` (tile rows
     and columns) and the tile's shape (a zero-copy stand-in), from the image processor's
     ``size``, ``max_patches`` and ``resize_to_max_canvas``."""
-    kwargs = hf_compat.merged_images_kwargs(processor)
-    image_processor = processor.image_processor
-
-    def setting(name: str) -> Any:
-        value = kwargs.get(name)
-        return getattr(image_processor, name) if value is None else value
-
-    size = setting("size")
-    side = size["height"] if isinstance(size, Mapping) else getattr(size, "height", size)
+    setting, side = image_settings(processor)
     tiles = functools.partial(
         llama4_tiles,
-        side=int(side),
+        side=side,
         max_patches=int(setting("max_patches")),
         resize_to_max_canvas=bool(setting("resize_to_max_canvas")),
     )
     return {
         "aspect_ratios": [list(tiles(h, w)) for per_text in sizes for h, w in per_text],
-        "pixel_values": [_Shape((3, int(side), int(side)))],
+        "pixel_values": [_Shape((3, side, side))],
     }
 
 
