@@ -229,3 +229,33 @@ def test_a_release_whose_forward_is_broken_is_refused(monkeypatch):
     for release in ((5, 23, 0), (5, 25, 0)):
         monkeypatch.setattr(hf_compat, "transformers_version", lambda r=release: r)
         assert "input_ids" in to_hf(batch, config=config)
+
+
+def test_to_hf_gives_the_tower_its_pixels_in_the_models_dtype():
+    """Llama 4's vision tower casts nothing: a bfloat16 model fails on float32 pixels, which is
+    what a pack holds (numpy has no bfloat16). ``to_hf`` casts them to the model's dtype: the
+    bfloat16 model runs the pack, on the same values the processor's bfloat16 pixels hold."""
+    from energon_packing.hf import to_hf
+
+    model, config = _model()
+    model = model.to(torch.bfloat16)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 60, 160)
+    ids[5 : 5 + 144] = config.image_token_index  # one tile: (336 / 14)**2 / 4 patches
+    pixels = torch.randn(1, 3, 336, 336).to(torch.bfloat16)
+    source = Source(
+        key="A",
+        input_ids=ids,
+        token_mask=np.ones(160, dtype=np.float32),
+        media={"pixel_values": pixels.float().numpy()},
+        images=1,
+    )
+    batch = collate([layout([source], width=160, pad_multiple=8, pad_id=0)])
+    with pytest.raises(RuntimeError, match="dtype"):  # the pack's float32, as it is
+        model(input_ids=torch.as_tensor(ids)[None], pixel_values=pixels.float())
+    inputs = to_hf(batch, model=model)
+    assert inputs["pixel_values"].dtype == torch.bfloat16
+    assert torch.equal(inputs["pixel_values"], pixels)
+    kw = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
+    with torch.no_grad():
+        assert model(**kw, use_cache=False).logits.dtype == torch.bfloat16

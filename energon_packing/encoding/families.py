@@ -94,6 +94,9 @@ class Family:
             image token only marks an image (Llama 4: ``<|patch|>``, its
             ``image_token_index``; ``<|image|>`` opens the global view); None: the
             processor's image token(s).
+        pixels_in_model_dtype: The model's vision tower takes its pixels in the model's own
+            dtype and casts nothing (Llama 4: float32 pixels fail in a bfloat16 model):
+            ``to_hf`` casts them to it (a pack holds them in float32).
         needs: Packages the family's processor class needs beyond transformers, which the
             family table names (Pixtral's: torchvision; without it the class does not build,
             and loading such a directory fails in one line naming it).
@@ -119,6 +122,7 @@ class Family:
     image_kwargs: Callable[[Any], dict] | None = None
     needs: tuple[str, ...] = ()
     slot_token: str | None = None
+    pixels_in_model_dtype: bool = False
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -325,6 +329,7 @@ FAMILIES: tuple[Family, ...] = (
         image_kwargs=llama4_tiles.llama4_kwargs,
         needs=("torchvision",),
         slot_token="<|patch|>",
+        pixels_in_model_dtype=True,
     ),
     # Phi-4-multimodal: the image's HD crops of 448 px (at most dynamic_hd) and a global
     # view, a token count fixed by its size; crops padded across a call (their masks with

@@ -102,7 +102,8 @@ def _has_mrope(config: Any) -> bool:
 
 
 def _dtype_of(model: Any, config: Any) -> torch.dtype:
-    """The dtype an additive mask must have (sdpa wants the query's)."""
+    """The model's dtype: what an additive mask must have (sdpa wants the query's), and what
+    a tower that casts nothing takes its pixels in (``Family.pixels_in_model_dtype``)."""
     if isinstance(getattr(model, "dtype", None), torch.dtype):
         return model.dtype
     for owner in (text_config(config), config):
@@ -220,6 +221,11 @@ def to_hf(
     # a pack without images (or clips) has none: another pack of the batch may, and its empty
     # rows here would reach the tower (Gemma 3n's timm tower fails on an empty batch)
     inputs.update({key: value for key, value in per_pack.items() if len(value)})
+    if family is not None and family.pixels_in_model_dtype:  # its tower casts nothing
+        dtype = _dtype_of(model, config)
+        for key in per_pack:
+            if key in inputs and torch.is_floating_point(inputs[key]):
+                inputs[key] = inputs[key].to(dtype)
     for key in tokens:
         inputs[key] = batch[key][row][None]
     if gemma3:  # its image overlay, remapped per conversation, would read the wrong tokens
