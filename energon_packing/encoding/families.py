@@ -318,8 +318,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # Llama 4: each image's tiles (at most max_patches of 336 px, the canvas its image
     # processor picks by size) and a global view, <|patch|> runs between tile separators;
-    # 1-D positions; its chunked attention and attention temperature follow the row's
-    # absolute positions, so a pack is exact up to one chunk (models.check_rope)
+    # 1-D positions; its attention temperature (and, before transformers 5.23, its chunked
+    # attention) follow the row's index, so a pack is exact up to floor_scale - 1 (and one
+    # chunk) wide (models.check_rope)
     Family(
         name="llama4",
         classes=("Llama4Processor",),

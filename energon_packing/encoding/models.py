@@ -53,8 +53,8 @@ SEPARATE_LAYER_TYPES = frozenset(
     {
         "full_attention",
         "sliding_attention",
-        # Llama 4's: attention within chunks of the row's absolute positions (check_rope
-        # bounds the width to one chunk)
+        # Llama 4's: attention within chunks (before transformers 5.23 of the row's index,
+        # so check_rope bounds the width to one chunk there)
         "chunked_attention",
         "attention",
         "mlp",

@@ -63,7 +63,11 @@ from energon_packing.encoding.families import audio_families, family_of, refusal
 from energon_packing.encoding.models import info_of
 from energon_packing.encoding.positions import MRope, mrope_positions
 from energon_packing.encoding.processor_audio import AudioSide
-from energon_packing.encoding.processor_images import ImageSide, ProcessorMismatchError
+from energon_packing.encoding.processor_images import (
+    ImageSide,
+    ProcessorMismatchError,
+    slot_ids,
+)
 from energon_packing.encoding.rendering import (
     backend_encoder,
     compiled_renderer,
@@ -156,12 +160,7 @@ class ProcessorChat:
         self.image_token = getattr(processor, "image_token", None) if self.has_images else None
         self.image_token_id = None  # the id the model replaces with vision features
         if self.image_token:
-            ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
-            if self.family is not None and self.family.slot_token:
-                ids = [self.tokenizer.convert_tokens_to_ids(self.family.slot_token)]
-            self.image_token_id = (
-                ids[0] if ids else self.tokenizer.convert_tokens_to_ids(self.image_token)
-            )
+            self.image_token_id = slot_ids(processor, self.family)[0]
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
         self.video_style = self.family.videos if self.family else None
@@ -474,22 +473,16 @@ class ProcessorChat:
         from dataclasses import replace
 
         from energon_packing.encoding.chat import brief
-        from energon_packing.media.audio import length
+        from energon_packing.media.audio import track_length
 
         tracks = []
         for i in c.videos.order:
             name = video_names[i]
             try:
-                tracks.append(length(videos[name], max_seconds=config.max_audio_seconds).samples)
+                track = track_length(videos[name], max_seconds=config.max_audio_seconds)
             except Skip as e:
-                why = e.detail
-                if e.reason == "audio_no_stream":  # the others' details name their own fix
-                    why += (
-                        "; audio_config['load_audio_from_video'] interleaves every video's "
-                        "track, and the thinker's positions take no silent video beside them: "
-                        "leave the knob off for such data, or give the video a sound track"
-                    )
-                raise Skip(e.reason, f"video {brief(name)}'s own audio track: {why}") from None
+                raise Skip(e.reason, f"video {brief(name)}'s {e.detail}") from None
+            tracks.append(track.samples)
         kinds = [
             piece.kind
             for _, pieces in c.turns

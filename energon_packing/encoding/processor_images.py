@@ -66,12 +66,7 @@ class ImageSide:
         self.video_markup = _markup(render, video_token, kind="video") if video_token else None
         audio_token = getattr(processor, "audio_token", None) if family.audio else None
         self.audio_markup = _markup(render, audio_token, kind="audio") if audio_token else None
-        # the tokens the model fills with vision features (Gemma 3: not its placeholder)
-        ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
-        if family.slot_token:
-            ids = [processor.tokenizer.convert_tokens_to_ids(family.slot_token)]
-        if not ids:
-            ids = [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
+        ids = slot_ids(processor, family)
         self._slot_ids = np.asarray(ids, dtype=np.int64)
         self._slot_tokens = processor.tokenizer.convert_ids_to_tokens(ids)
 
@@ -342,6 +337,16 @@ def _markup(
         return "", ""
     before, after = markup.split(image_token)
     return before, after
+
+
+def slot_ids(processor: Any, family: Family | None) -> list[int]:
+    """The ids of the tokens the model fills with vision features: the family's
+    ``slot_token`` (Llama 4's ``<|patch|>``), else the processor's ``image_token_ids`` (Gemma
+    3: not its placeholder), else its image token."""
+    if family is not None and family.slot_token:
+        return [processor.tokenizer.convert_tokens_to_ids(family.slot_token)]
+    ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
+    return ids or [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
 
 
 def _array(value: Any) -> np.ndarray:

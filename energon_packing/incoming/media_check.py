@@ -71,7 +71,7 @@ def scan_media(
     Raises:
         ImportError: ``videos`` or ``audios`` and PyAV (the ``[video]`` extra) is not installed.
     """
-    from energon_packing.media.audio import length
+    from energon_packing.media.audio import length, track_length
     from energon_packing.media.images import verify
 
     if audios or (videos and tracks):
@@ -100,7 +100,10 @@ def scan_media(
                                 if not probe(data).frames:
                                     raise Skip("video_empty", "the video stream holds no frame")
                                 if tracks:
-                                    _track(data)
+                                    try:
+                                        track_length(data)
+                                    except Skip as e:
+                                        raise Skip(e.reason, f"the video's {e.detail}") from None
                             elif check == "audio":
                                 scan.audios += 1
                                 length(data)
@@ -123,23 +126,6 @@ def scan_media(
         except (tarfile.TarError, OSError):  # a broken shard: the shard scan reports it
             continue
     return scan
-
-
-def _track(data: bytes) -> None:
-    """A video's own audio track read as the loader reads it for a track run (its length: the
-    header where exact, else a decode)."""
-    from energon_packing.media.audio import length
-
-    try:
-        length(data)
-    except Skip as e:
-        fix = (
-            ": audio_config['load_audio_from_video'] interleaves every video's track, and the "
-            "thinker's positions take no silent video beside them"
-            if e.reason == "audio_no_stream"
-            else ""
-        )
-        raise Skip(e.reason, f"the video's own audio track: {e.detail}{fix}") from None
 
 
 def _samples(tar: tarfile.TarFile):

@@ -30,6 +30,7 @@ __all__ = [
     "decode",
     "length",
     "may_be_audio",
+    "track_length",
 ]
 
 #: Part-name suffixes read as audio clips (kept compressed while buffered).
@@ -117,6 +118,27 @@ def length(data: bytes, *, max_seconds: float | None = None) -> AudioLength:
     finally:
         container.close()
     return AudioLength(samples=len(decode(data, max_seconds=max_seconds)), source="decode")
+
+
+def track_length(data: bytes, *, max_seconds: float | None = None) -> AudioLength:
+    """A video's own audio track's length, read as :func:`length` reads a clip (what a run
+    with ``audio_config['load_audio_from_video']`` reads, and ``check --video-tracks``).
+
+    Raises:
+        Skip: as :func:`length`, its detail opening with ``own audio track:``; a silent video's
+            names the switch that reads tracks.
+    """
+    try:
+        return length(data, max_seconds=max_seconds)
+    except Skip as e:
+        why = e.detail
+        if e.reason == "audio_no_stream":  # the others' details name their own fix
+            why += (
+                "; audio_config['load_audio_from_video'] interleaves every video's track, and "
+                "the thinker's positions take no silent video beside them: leave the knob off "
+                "for such data, or give the video a sound track"
+            )
+        raise Skip(e.reason, f"own audio track: {why}") from None
 
 
 def decode(data: bytes, *, max_seconds: float | None = None) -> np.ndarray:
