@@ -119,12 +119,18 @@ SLOW_PROOFS = (
 )
 
 
+#: families whose processor builds only with torchvision: their proof runs on the torchvision
+#: stack (-m torchvision, .ci/stacks.txt)
+TORCHVISION_PROOFS = ("kimi_k25",)
+
+
 @pytest.mark.parametrize(
     "family",
     [
         pytest.param(f, marks=pytest.mark.slow) if f in SLOW_PROOFS else f
         for f in (*FAMILIES, *MODELS)
-    ],
+    ]
+    + [pytest.param(f, marks=pytest.mark.torchvision) for f in TORCHVISION_PROOFS],
 )
 @pytest.mark.processor_media
 def test_a_family_through_its_processor_and_the_loader(family_dataset, family):

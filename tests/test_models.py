@@ -300,7 +300,7 @@ def test_a_family_we_do_not_pack_is_refused_by_its_model_type():
         PackingTaskEncoder(max_input_seq_length=256, processor=processor)
 
 
-@pytest.mark.parametrize("model_type", ["paligemma", "kimi_k25"])
+@pytest.mark.parametrize("model_type", ["paligemma", "pixtral"])
 def test_to_hf_refuses_a_model_type_we_do_not_pack_in_one_line(model_type):
     """A refused model type never gets a pack through to_hf (text-only packs included): one
     line naming it and why."""

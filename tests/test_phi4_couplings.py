@@ -146,15 +146,16 @@ def test_its_longrope_follows_the_longest_conversation_of_a_pack(tiny):
 
 def test_a_refused_models_directory_is_refused_before_its_processor_is_built(tmp_path, monkeypatch):
     """A directory whose config.json names a refused model type: its refusal line, not the
-    error of building a processor that needs more than is installed (Kimi-K2.5's torchvision)."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_k25"}))
+    error of building a processor that needs more than is installed (the bare Pixtral
+    encoder's PixtralProcessor needs torchvision)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pixtral"}))
     (tmp_path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "KimiK25Processor"})
+        json.dumps({"processor_class": "PixtralProcessor"})
     )
     with pytest.raises(ValueError) as raised:
         load_processor(tmp_path)
-    assert str(raised.value) == f"{tmp_path}: {refusal('KimiK25Processor', 'kimi_k25')}"
-    assert REFUSED["kimi_k25"] in str(raised.value)
+    assert str(raised.value) == f"{tmp_path}: {refusal('PixtralProcessor', 'pixtral')}"
+    assert REFUSED["pixtral"] in str(raised.value)
     with pytest.raises(ValueError, match="not a model family energon_packing packs"):
         PackingTaskEncoder(max_input_seq_length=256, processor=str(tmp_path))
     from energon_packing.encoding import processor_loading
@@ -162,4 +163,4 @@ def test_a_refused_models_directory_is_refused_before_its_processor_is_built(tmp
     monkeypatch.setattr(processor_loading, "_refuse_refused_model", lambda *a: None)
     with pytest.raises(ValueError) as other:  # the mutant: fails otherwise
         load_processor(tmp_path)
-    assert REFUSED["kimi_k25"] not in str(other.value)
+    assert REFUSED["pixtral"] not in str(other.value)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_packing.encoding import hf_compat, image_rules, llama4_tiles
+from energon_packing.encoding import hf_compat, image_rules, kimi_grid, llama4_tiles
 from energon_packing.encoding.models import ModelInfo
 from energon_packing.media import video_styles
 from energon_packing.media.audio_rules import (
@@ -345,6 +345,18 @@ FAMILIES: tuple[Family, ...] = (
         needs=("torchvision",),
         audio=PHI4_AUDIO,
     ),
+    # Kimi-K2.5 (and K2.6): each image's patches at most max_patches (scaled down, never up,
+    # padded to whole merges; kimi_grid), one <|media_pad|> a merge; 1-D positions over its
+    # DeepSeek-V3 text model; its vision tower attends within each image. Only since 5.13
+    # (a replace_image_token of its own, so no older expansion)
+    Family(
+        name="kimi_k25",
+        classes=("Kimi_K25Processor",),
+        model_types=("kimi_k25",),
+        replacement_inputs=kimi_grid.kimi_inputs,
+        image_rows=image_rules.qwen_rows,
+        needs=("torchvision",),
+    ),
     Family(
         name="qwen3_omni",
         expansion=image_rules.qwen_expansion,
@@ -376,7 +388,6 @@ REFUSED: dict[str, str] = {
         "the Pixtral vision encoder alone (PixtralVisionModel), no language model; Pixtral-12B's "
         "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
     ),
-    "kimi_k25": "its processor needs torchvision (transformers 5.24); not laid out",
 }
 
 

@@ -474,10 +474,11 @@ def phi4_tokens(height: int, width: int, *, size: int, patch: int, max_crops: in
     return 256 + 1 + valid_rows * valid_cols + valid_rows + 16
 
 
-def image_settings(processor: Any) -> tuple[Callable[[str], Any], int]:
+def image_settings(processor: Any, *, side: str = "height") -> tuple[Callable[[str], Any], int]:
     """``(setting, side)``: the image processor's setting ``name`` as the processor's own
     ``__call__`` passes it (its merged ``images_kwargs``, else the image processor's own), and
-    the square side of its ``size`` (a crop's or a tile's)."""
+    the square side of its ``size`` (a crop's or a tile's; ``side``: the key that holds it,
+    Kimi-K2.5's ``max_height``)."""
     kwargs = hf_compat.merged_images_kwargs(processor)
     image_processor = processor.image_processor
 
@@ -486,8 +487,7 @@ def image_settings(processor: Any) -> tuple[Callable[[str], Any], int]:
         return getattr(image_processor, name) if value is None else value
 
     size = setting("size")
-    side = size["height"] if isinstance(size, Mapping) else getattr(size, "height", size)
-    return setting, int(side)
+    return setting, int(size[side] if isinstance(size, Mapping) else getattr(size, side, size))
 
 
 def phi4_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:

@@ -237,21 +237,21 @@ def _refuse_refused_model(path: Path, class_name: str | None) -> None:
     ImportError."""
     from energon_packing.encoding.families import REFUSED, refusal
 
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return
+    model_type = _config_model_type(path)
     if model_type in REFUSED:
         raise ValueError(f"{path}: {refusal(class_name or 'its processor', model_type)}")
 
 
 def _require_family_packages(path: Path, class_name: str | None) -> None:
-    """Raises, in one line, where the family of ``class_name`` needs a package that does not
-    import here (``Family.needs``: PixtralProcessor's torchvision), before ``AutoProcessor``
-    fails on it with transformers' several-line ImportError."""
-    from energon_packing.encoding.families import FAMILIES
+    """Raises, in one line, where the family of ``class_name`` (or, where the class is none of
+    a family's, of the ``config.json``'s model type: Kimi-K2.5's hub directory names its
+    remote-code ``KimiK25Processor``) needs a package that does not import here
+    (``Family.needs``: PixtralProcessor's torchvision), before ``AutoProcessor`` fails on it
+    with transformers' several-line ImportError."""
+    from energon_packing.encoding.families import FAMILIES, family_of_model
 
     family = next((f for f in FAMILIES if class_name in f.classes), None)
+    family = family or family_of_model(_config_model_type(path))
     missing = [name for name in (family.needs if family else ()) if not _importable(name)]
     if missing:
         raise ValueError(
@@ -260,6 +260,14 @@ def _require_family_packages(path: Path, class_name: str | None) -> None:
             f"{', '.join(missing)} (pip install {' '.join(missing)}, the release built for your "
             f"torch; CI runs torch 2.14.1 + torchvision 0.29.1: docs/compatibility.md); {_TEXT}"
         )
+
+
+def _config_model_type(path: Path) -> str | None:
+    """The ``model_type`` of the directory's ``config.json`` (None: none readable)."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _importable(name: str) -> bool:

@@ -533,6 +533,10 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         from energon_packing.testing.families_llama4 import llama4
 
         return llama4(model)
+    if family == "kimi_k25":  # torchvision: families_kimi
+        from energon_packing.testing.families_kimi import kimi_k25
+
+        return kimi_k25(model)
     if family == "phi4_multimodal":  # torchvision: families_phi4
         from energon_packing.testing.families_phi4 import phi4_multimodal
 

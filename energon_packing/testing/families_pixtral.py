@@ -74,14 +74,17 @@ _SPECIALS = [
 
 
 def torchvision_missing() -> str | None:
-    """Why no ``PixtralProcessor`` (nor a real Qwen video processor) can be built here (None:
-    it can)."""
+    """Why the processors of the families that need torchvision (the registry's ``needs``),
+    and the real Qwen video processors, cannot be built here (None: they can)."""
     try:
         import torchvision  # noqa: F401
     except ImportError as e:
+        from energon_packing.encoding.families import FAMILIES
+
+        named = ", ".join(f.name for f in FAMILIES if "torchvision" in f.needs)
         return (
-            f"needs torchvision (PixtralProcessor: Mistral 3, Pixtral; the real Qwen video "
-            f"processors), which does not import here ({e}); the torchvision CI stack runs these "
+            f"needs torchvision (the processors of {named}; the real Qwen video processors), "
+            f"which does not import here ({e}); the torchvision CI stack runs these "
             f"(.ci/stacks.txt)"
         )
     return None
