@@ -143,6 +143,9 @@ class Source:
     media: Mapping[str, np.ndarray] = field(default_factory=dict)
     #: model inputs aligned with the tokens (``mm_token_type_ids``, ...), one value per token
     token_fields: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: what a token field holds on the padding behind this source, where not 0 (PaliGemma's
+    #: ``token_type_ids``: 1, its answer's type; as 0 a pad would join its prompt block)
+    token_fill: Mapping[str, int] = field(default_factory=dict)
     images: int = 0
     videos: int = 0
 
@@ -164,7 +167,8 @@ class Pack:
     )
     #: image-aligned model inputs of every source, in source order (``pixel_values``, ...)
     media: dict[str, np.ndarray] = field(default_factory=dict)
-    #: token-aligned model inputs [W] (0 on padding), laid out like ``input_ids``
+    #: token-aligned model inputs [W] (0 on padding, or its source's ``token_fill``), laid
+    #: out like ``input_ids``
     token_fields: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -242,6 +246,7 @@ def layout(sources: Sequence[Source], *, width: int, pad_multiple: int, pad_id: 
             media.setdefault(name, []).append(np.asarray(value))
         for name, value in source.token_fields.items():
             tokens[name][start:stop] = value
+            tokens[name][stop : start + extent] = source.token_fill.get(name, 0)
         start += padded
     return Pack(
         input_ids=input_ids,

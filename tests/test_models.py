@@ -280,27 +280,33 @@ def test_the_docs_family_table_is_the_registry():
 
 
 def test_a_family_we_do_not_pack_is_refused_by_its_model_type():
-    from transformers import PaliGemmaProcessor
+    """A processor class no family declares (SigLIP's: an image-text encoder, no language
+    model) is refused in one line naming the model type its config.json names, with the
+    reason where the registry records one, or the model types its class serves."""
+    from transformers import SiglipProcessor
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
+    from energon_packing.encoding.families import REFUSED
+
     tokenizer = make_tokenizer(extra=["<image>"], bos="<bos>", eos="<eos>", pad="<pad>")
-    processor = PaliGemmaProcessor(
+    processor = SiglipProcessor(
         image_processor=SiglipImageProcessorPil(size={"height": 28, "width": 28}),
         tokenizer=tokenizer,
-        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}",
     )
-    processor.model_info = ModelInfo(model_type="paligemma", source="its config.json")
-    with pytest.raises(ValueError, match=r"^model type 'paligemma' \(PaliGemmaProcessor\) is not"):
+    processor.model_info = ModelInfo(model_type="siglip", source="its config.json")
+    with pytest.raises(ValueError, match=r"^model type 'siglip' \(SiglipProcessor\) is not") as e:
         PackingTaskEncoder(max_input_seq_length=256, processor=processor)
-    with pytest.raises(ValueError, match="prefix-LM block") as raised:
+    assert "\n" not in str(e.value) and "known: qwen2_vl" in str(e.value)
+    processor.model_info = ModelInfo(model_type="pixtral", source="its config.json")
+    with pytest.raises(ValueError, match="no language model") as raised:
         PackingTaskEncoder(max_input_seq_length=256, processor=processor)
-    assert "\n" not in str(raised.value)
+    assert REFUSED["pixtral"] in str(raised.value)
     processor.model_info = None  # no config.json: the model types its class serves are named
-    with pytest.raises(ValueError, match=r"^model type 'paligemma' \(PaliGemmaProcessor\)"):
+    with pytest.raises(ValueError, match=r"^model type 'siglip' \(SiglipProcessor\)"):
         PackingTaskEncoder(max_input_seq_length=256, processor=processor)
 
 
-@pytest.mark.parametrize("model_type", ["paligemma", "pixtral"])
+@pytest.mark.parametrize("model_type", ["pixtral"])
 def test_to_hf_refuses_a_model_type_we_do_not_pack_in_one_line(model_type):
     """A refused model type never gets a pack through to_hf (text-only packs included): one
     line naming it and why."""

@@ -38,6 +38,25 @@ def test_worked_example_from_the_contract():
     assert pack.media[IMAGE_GRID_THW].shape == (0, 3) and pack.image_source_index.shape == (0,)
 
 
+def test_token_fields_pad_with_their_sources_fill():
+    """A token field is 0 on the padding behind a source, or what that source names
+    (``token_fill``: PaliGemma's ``token_type_ids`` 1, its answer's type), the tail included;
+    a source without the field gives zeros."""
+    prefix = Source(
+        key="a",
+        input_ids=[5] * 5,
+        token_mask=[1.0] * 5,
+        token_fields={"token_type_ids": np.array([0, 0, 0, 1, 1])},
+        token_fill={"token_type_ids": 1},
+    )
+    plain = Source(key="b", input_ids=[6] * 3, token_mask=[1.0] * 3)
+    last = dataclasses.replace(prefix, key="c", token_fields={"token_type_ids": np.zeros(5)})
+    pack = layout([prefix, plain, last], width=24, pad_multiple=4, pad_id=0)
+    assert pack.token_fields["token_type_ids"].tolist() == (
+        [0, 0, 0, 1, 1, 1, 1, 1] + [0] * 4 + [0] * 5 + [1] * 7
+    )
+
+
 def test_images_keep_their_owner():
     spec = MRope(vision_start_id=3, image_pad_id=5)
     a = source("a", [1, 3, 5, 5, 5, 5, 4, 9], [0] * 7 + [1], grids=[(1, 4, 4)], mrope=spec)

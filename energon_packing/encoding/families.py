@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_packing.encoding import hf_compat, image_rules, kimi_grid, llama4_tiles
+from energon_packing.encoding import hf_compat, image_rules, kimi_grid, llama4_tiles, prefix_lm
 from energon_packing.encoding.models import ModelInfo
 from energon_packing.media import video_styles
 from energon_packing.media.audio_rules import (
@@ -100,6 +100,13 @@ class Family:
         needs: Packages the family's processor class needs beyond transformers, which the
             family table names (Pixtral's: torchvision; without it the class does not build,
             and loading such a directory fails in one line naming it).
+        template: The family's layout as a chat template, where its processor ships none
+            (PaliGemma's ``text`` + ``suffix``: :mod:`.prefix_lm`).
+        prefix_lm: The user turn is a prefix the model reads both ways and the assistant turn
+            a suffix (``token_type_ids`` 0 and 1), tokenized apart as the processor's
+            ``text_pair`` (:mod:`.prefix_lm`).
+        first_position: The position of a conversation's first token where the model counts
+            positions itself (PaliGemma: 1); ``to_hf`` starts each conversation there.
     """
 
     name: str
@@ -123,6 +130,9 @@ class Family:
     needs: tuple[str, ...] = ()
     slot_token: str | None = None
     pixels_in_model_dtype: bool = False
+    template: str | None = None
+    prefix_lm: bool = False
+    first_position: int = 0
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -357,6 +367,18 @@ FAMILIES: tuple[Family, ...] = (
         image_rows=image_rules.qwen_rows,
         needs=("torchvision",),
     ),
+    # PaliGemma and PaliGemma 2: image_seq_length tokens an image, all images first; the
+    # prompt a bidirectional prefix, the answer a causal suffix (prefix_lm); no chat template
+    Family(
+        name="paligemma",
+        classes=("PaliGemmaProcessor",),
+        model_types=("paligemma",),
+        replacement_inputs=image_rules.gemma3n_inputs,
+        expansion=image_rules.paligemma_expansion,
+        template=prefix_lm.PALIGEMMA_TEMPLATE,
+        prefix_lm=True,
+        first_position=1,
+    ),
     Family(
         name="qwen3_omni",
         expansion=image_rules.qwen_expansion,
@@ -379,11 +401,6 @@ def audio_families() -> list[str]:
 #: Image-text models that energon_packing refuses, measured or read on transformers 5.24, and why
 #: (the error names the model type and this reason).
 REFUSED: dict[str, str] = {
-    "paligemma": (
-        "its prompt attends bidirectionally (token_type_ids 0: one prefix-LM block over the "
-        "whole row) and its positions start at 1; a pack would need each conversation's own "
-        "prefix block, which is not laid out"
-    ),
     "pixtral": (
         "the Pixtral vision encoder alone (PixtralVisionModel), no language model; Pixtral-12B's "
         "config.json names model type 'llava' (packed as mistral3 with its PixtralProcessor)"
@@ -447,11 +464,19 @@ def check_model(family: Family, processor_class: str, info: ModelInfo | None) ->
 
 
 def _attention(family: Family) -> str:
+    if family.prefix_lm:
+        return "the prompt (and its images) bidirectional, the answer causal"
     if not family.image_blocks:
         return "causal"
     if set(family.block_layers) == {"full_attention", "sliding_attention"}:
         return "causal, an image bidirectional"
     return f"causal, an image bidirectional on {', '.join(family.block_layers)} layers"
+
+
+def _positions(family: Family) -> str:
+    if family.mrope:
+        return "mRoPE (3 rows)"
+    return f"1-D (from {family.first_position})" if family.first_position else "1-D"
 
 
 def family_table() -> str:
@@ -471,7 +496,7 @@ def family_table() -> str:
     for f in FAMILIES:
         rows.append(
             f"| {f.name} | {code(f.classes)}{needs(f)} | {code(f.model_types)} | "
-            f"{code(f.stateful_model_types)} | {'mRoPE (3 rows)' if f.mrope else '1-D'} | "
+            f"{code(f.stateful_model_types)} | {_positions(f)} | "
             f"{'yes' if f.videos else 'skipped (`unsupported_video`)'} | "
             f"{'yes' if f.audio else 'skipped (`unsupported_audio`)'} | "
             f"{_attention(f)} |"

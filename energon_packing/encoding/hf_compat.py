@@ -120,15 +120,27 @@ VIDEO_CAP_FROM_CALL_SINCE = (5, 25, 0)
 #: 5.23.0: Llama 4's attention chunks then follow each conversation; before, the row's index
 #: (tests/test_llama4.py measures both)
 MASKS_FOLLOW_PACKED_POSITIONS_SINCE = (5, 23, 0)
-#: Models whose forward is broken on some releases, by model type: ``(since, until, what)``.
-#: Llama 4's raises on every call in 5.24.0 (its output class lost the ``image_outputs`` its
-#: forward sets); 5.23 and 5.25 run it
+#: Models whose forward is broken on some releases, by model type: ``(since, until, what)``:
+#: it raises, or it runs a packed row otherwise than each conversation alone. Llama 4's raises
+#: on every call in 5.24.0 (its output class lost the ``image_outputs`` its forward sets); 5.23
+#: and 5.25 run it. PaliGemma's prompt block (``token_type_ids`` 0) spans every conversation of
+#: a padding-free row from 5.9 to 5.23: its ``block_sequence_ids`` put every prompt token in
+#: one block, and ``masking_utils`` ORs that overlay in after the packed-sequence mask (5.24
+#: ANDs it after; before 5.9 each run of prompt tokens is a block of its own:
+#: tests/test_paligemma.py measures both)
 BROKEN_FORWARD: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
     "llama4": (
         (5, 24, 0),
         (5, 25, 0),
         "Llama4ForConditionalGeneration.forward raises AttributeError ('image_outputs') on "
         "every call",
+    ),
+    "paligemma": (
+        (5, 9, 0),
+        (5, 24, 0),
+        "PaliGemma's prompt block (token_type_ids 0) spans every conversation of a packed row "
+        "(its block_sequence_ids put all prompt tokens in one block, and the packed-sequence "
+        "mask is applied before that overlay)",
     ),
 }
 #: The rules above that change what a pack holds (ids, pixels, positions, masks), by name: the
@@ -607,6 +619,21 @@ def check() -> list[str]:
             f"(since {dotted(MASKS_FOLLOW_PACKED_POSITIONS_SINCE)})",
         )
     checked.append("masks_follow_packed_positions")
+    from transformers.models.paligemma import modeling_paligemma
+
+    # PaliGemma's prompt blocks stay per conversation where each run of prompt tokens is its
+    # own block (before 5.9) or the packed-sequence mask comes after the overlay (5.24+)
+    per_run = hasattr(modeling_paligemma, "token_type_ids_mask_function")
+    packed_last = hasattr(masking_utils, "remap_positions_for_packed_sequence") and not hasattr(
+        masking_utils, "packed_sequence_compatibility_function"
+    )
+    if (broken_forward("paligemma") is None) != (per_run or packed_last):
+        raise _fail(
+            "modeling_paligemma / masking_utils",
+            f"PaliGemma's packed prompt blocks on {dotted(transformers_version())} against the "
+            f"rule (BROKEN_FORWARD['paligemma'])",
+        )
+    checked.append("paligemma_prompt_blocks")
     compiled = compile_chat_template("{{ messages[0]['content'] }}")
     if compiled.render(messages=[{"content": "x"}]) != "x":
         raise _fail("_compile_jinja_template", "renders a probe otherwise")

@@ -40,6 +40,7 @@ __all__ = [
     "llava_onevision_inputs",
     "ovis2_expansion",
     "ovis2_inputs",
+    "paligemma_expansion",
     "pixtral_inputs",
     "pixtral_kwargs",
     "qwen_expansion",
@@ -134,6 +135,12 @@ def gemma3n_expansion(processor: Any, inputs: dict, index: int) -> str:
     """Gemma 3n before the public API: its ``__call__`` replaces every ``image_token`` by
     ``full_image_sequence`` (the same for every image)."""
     return processor.full_image_sequence
+
+
+def paligemma_expansion(processor: Any, inputs: dict, index: int) -> str:
+    """PaliGemma before its public ``replace_image_token``: its ``__call__`` repeats the image
+    token ``image_seq_length`` times."""
+    return processor.image_token * processor.image_seq_length
 
 
 def gemma4_expansion(processor: Any, inputs: dict, index: int) -> str:

@@ -62,6 +62,7 @@ from energon_packing.encoding.chat import (
 from energon_packing.encoding.families import audio_families, family_of, refusal
 from energon_packing.encoding.models import info_of
 from energon_packing.encoding.positions import MRope, mrope_positions
+from energon_packing.encoding.prefix_lm import PREFIX_TYPES, suffix_types
 from energon_packing.encoding.processor_audio import AudioSide
 from energon_packing.encoding.processor_images import (
     ImageSide,
@@ -105,6 +106,8 @@ class ProcessorEncoding:
     #: the feature extractor: the clips and the videos' own tracks as the text shows them
     audio_frames: list[int] = field(default_factory=list)
     truncated: int = 0
+    #: a prefix-LM family's prefix, in tokens (its suffix's first token; None: not prefix-LM)
+    prefix_length: int | None = None
 
     @property
     def length(self) -> int:
@@ -138,6 +141,10 @@ class ProcessorChat:
         self.has_images = getattr(processor, "image_processor", None) is not None
         self.kwargs = dict(chat_template_kwargs or {})
         self.name = type(processor).__name__
+        self.family = family_of(processor) if self.has_images else None
+        if self.has_images and self.family is None:
+            model = info_of(processor)
+            raise ValueError(refusal(self.name, model.model_type if model else None))
         if not self._template():
             raise ValueError(
                 f"{self.name} has no chat template: pass a processor or tokenizer whose "
@@ -149,10 +156,6 @@ class ProcessorChat:
                 f"{self.name}'s tokenizer is not a fast tokenizer: the loss mask needs its "
                 f"offset mapping"
             )
-        self.family = family_of(processor) if self.has_images else None
-        if self.has_images and self.family is None:
-            model = info_of(processor)
-            raise ValueError(refusal(self.name, model.model_type if model else None))
         broken = hf_compat.broken_forward(self.family.name if self.family else None)
         if broken:
             raise ValueError(f"{self.name}: model family {self.family.name!r}: {broken}")
@@ -219,8 +222,12 @@ class ProcessorChat:
         return f"ProcessorChat({self.name}, family={self.family_name})"
 
     def _template(self) -> Any:
-        return getattr(self.processor, "chat_template", None) or getattr(
-            self.tokenizer, "chat_template", None
+        """The processor's chat template, else its tokenizer's, else its family's layout
+        (``Family.template``: PaliGemma's processor ships none)."""
+        return (
+            getattr(self.processor, "chat_template", None)
+            or getattr(self.tokenizer, "chat_template", None)
+            or (self.family.template if self.family else None)
         )
 
     @property
@@ -290,6 +297,8 @@ class ProcessorChat:
 
     def render(self, messages: list[dict], **kwargs: Any) -> str:
         template_owner = self.processor if self.has_images else self.tokenizer
+        if not getattr(template_owner, "chat_template", None):  # the family's layout
+            kwargs = {"chat_template": self._template(), **kwargs}
         return template_owner.apply_chat_template(
             messages, tokenize=False, **{**self.kwargs, **kwargs}
         )
@@ -369,8 +378,13 @@ class ProcessorChat:
             raise
         except Exception as e:  # the template's own checks (roles must alternate, ...)
             raise Skip("template_error", describe(e)) from None
+        cut = None
+        if self.family is not None and self.family.prefix_lm:  # where the suffix starts
+            cut = len(self.render(chat[:1])) if len(chat) > 1 else len(text)
         try:
-            ids, offsets, shifts, media = self._expand(text, sizes, expansions, heard)
+            ids, offsets, shifts, media, prefix = self._expand(
+                text, sizes, expansions, heard, cut=cut
+            )
         except Skip:  # a rule of the family's size rule (aspect ratio): data
             raise
         except Exception as e:  # the family's size rule refuses the image otherwise
@@ -387,6 +401,7 @@ class ProcessorChat:
         encoding = ProcessorEncoding(
             input_ids=ids,
             token_mask=mask,
+            prefix_length=prefix,
             image_order=refs.order,
             video_order=c.videos.order,
             video_plans=plans,
@@ -558,23 +573,36 @@ class ProcessorChat:
         sizes: list[tuple[int, int]],
         videos: Sequence[str] = (),
         audios: Sequence[str] = (),
-    ) -> tuple[list, list, list, list]:
+        *,
+        cut: int | None = None,
+    ) -> tuple[list, list, list, list, int | None]:
         """Token ids and offsets of ``text`` with every image placeholder expanded from sizes
         alone and every video placeholder by its expansion; ``shifts``: ``(end of the
         placeholder in text, characters it gained)`` per medium; ``media``: ``[first, end)``
-        token range of each (expansion and markup)."""
+        token range of each (expansion and markup). ``cut``: where a prefix-LM family's suffix
+        starts in ``text``; the two parts are tokenized apart, as its processor's ``text`` and
+        ``text_pair`` (``prefix_length``: the prefix's tokens; None without ``cut``)."""
         if sizes or videos or audios:
             expanded, shifts, spans = self.images.expand(text, sizes, videos, audios)
         else:
             expanded, shifts, spans = text, [], []
-        ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
+        prefix_length = None
+        if cut is None:
+            ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
+        else:
+            cut += sum(gained for end, gained in shifts if end <= cut)
+            ids, offsets = self._encode_text(expanded[:cut], self.add_special_tokens(text))
+            suffix_ids, suffix_offsets = self._encode_text(expanded[cut:], False)
+            prefix_length = len(ids)
+            ids = [*ids, *suffix_ids]
+            offsets = [*offsets, *((start + cut, end + cut) for start, end in suffix_offsets)]
         starts = [s for s, _ in offsets]
         ends = [e for _, e in offsets]
         media = [
             (bisect.bisect_right(ends, start), bisect.bisect_left(starts, end))
             for start, end in spans
         ]
-        return list(ids), offsets, shifts, media
+        return list(ids), offsets, shifts, media, prefix_length
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
         return tokenize(self.tokenizer, text, add_special_tokens)
@@ -683,6 +711,10 @@ class ProcessorChat:
             positions = mrope_positions(
                 input_ids, [tuple(g) for g in grids.tolist()], self.mrope, videos=videos
             )
+        fill = {}
+        if item.get("prefix_length") is not None:  # a prefix-LM family's token types
+            tokens = {**tokens, PREFIX_TYPES: suffix_types(len(input_ids), item["prefix_length"])}
+            fill = {PREFIX_TYPES: 1}  # its pads typed as its answer: none joins its prompt
         return Source(
             key=item["key"],
             input_ids=input_ids,
@@ -690,6 +722,7 @@ class ProcessorChat:
             positions=positions,
             media=media,
             token_fields=tokens,
+            token_fill=fill,
             images=len(item["images"]),
             videos=len(videos),
         )

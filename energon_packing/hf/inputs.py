@@ -167,8 +167,9 @@ def to_hf(
         config = model.config
     if config is None and _TOKEN_TYPE_IDS in batch:
         raise ValueError(
-            "to_hf: the batch carries token_type_ids (Gemma 3): its forward needs a mask "
-            "mapping built with its sliding window; pass model= or config="
+            "to_hf: the batch carries token_type_ids (Gemma 3, PaliGemma): its forward needs "
+            "the model's config (Gemma 3's mask mapping, built with its sliding window; "
+            "PaliGemma's padding); pass model= or config="
         )
     model_type = getattr(config, "model_type", None)
     if model_type in REFUSED:
@@ -186,11 +187,15 @@ def to_hf(
         check_rope(info, width=int(batch[INPUT_IDS][row].shape[-1]), where="to_hf")
     family = family_of_model(model_type)
     gemma3 = family is not None and family.image_blocks
-    named = {"gemma3": "Gemma 3", "gemma4": "Gemma 4"}.get(getattr(family, "name", ""), "")
-    if gemma3 and varlen:
+    prefix = family is not None and family.prefix_lm
+    named = {"gemma3": "Gemma 3", "gemma4": "Gemma 4", "paligemma": "PaliGemma"}.get(
+        getattr(family, "name", ""), ""
+    )
+    if (gemma3 or prefix) and varlen:
         raise ValueError(
             f"to_hf: {named} does not run flash attention (attn_implementation={attn!r}: its "
-            f"image tokens attend bidirectionally); use sdpa or eager"
+            f"{'prompt' if prefix else 'image'} tokens attend bidirectionally); use sdpa or "
+            f"eager"
         )
     block_layers = _block_layers(family, config) if gemma3 else ()
     cu_padded = torch.as_tensor(batch[CU_SEQLENS_PADDED][row])
@@ -228,6 +233,8 @@ def to_hf(
                 inputs[key] = inputs[key].to(dtype)
     for key in tokens:
         inputs[key] = batch[key][row][None]
+    if family is not None and family.first_position:  # where the model counts from (1)
+        inputs["position_ids"] = inputs["position_ids"] + family.first_position
     if gemma3:  # its image overlay, remapped per conversation, would read the wrong tokens
         token_types = inputs.get(family.token_types or _TOKEN_TYPE_IDS)
         if token_types is None:

@@ -118,6 +118,9 @@ class EncodedConversation(Sample):
     #: whom it may share its pack with (``packing.Company``: a Phi-4-multimodal conversation
     #: with clips only with conversations without media)
     company: int = 0
+    #: a prefix-LM family's prefix, in tokens (PaliGemma: its suffix's first token, where its
+    #: ``token_type_ids`` turn 1; None: not prefix-LM)
+    prefix_length: int | None = None
 
 
 @edataclass

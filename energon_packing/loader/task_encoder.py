@@ -250,6 +250,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             length=encoding.length,
             cost=round_up(encoding.length, self.config.pad_multiple),
             company=self._company(encoding),
+            prefix_length=getattr(encoding, "prefix_length", None),
         )
 
     def _company(self, encoding: Any) -> Company:
@@ -531,6 +532,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 "videos": s.videos,
                 "video_plans": s.video_plans,
                 "audios": getattr(s, "audios", []),
+                "prefix_length": getattr(s, "prefix_length", None),
             }
             for s in samples
         ]

@@ -533,6 +533,10 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         from energon_packing.testing.families_llama4 import llama4
 
         return llama4(model)
+    if family in ("paligemma", "paligemma2"):  # families_paligemma
+        from energon_packing.testing.families_paligemma import paligemma
+
+        return paligemma(model, version=1 if family == "paligemma" else 2)
     if family == "kimi_k25":  # torchvision: families_kimi
         from energon_packing.testing.families_kimi import kimi_k25
 
