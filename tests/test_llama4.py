@@ -43,6 +43,7 @@ def llama4_dataset(tmp_path_factory):
 def test_llama4_through_its_processor_and_the_loader(llama4_dataset):
     from test_families import _processor_call, images_in_order
 
+    from energon_packing.encoding.costs import grids_from_tokens
     from energon_packing.hf import to_hf
     from energon_packing.testing import hf
     from energon_packing.testing.families import build
@@ -51,7 +52,7 @@ def test_llama4_through_its_processor_and_the_loader(llama4_dataset):
     te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor, pad_multiple=8)
     assert te.chat.family_name == "llama4"
     assert te.image_token_id == model.config.image_token_index  # <|patch|>: stats counts them
-    sources = images = tiled = 0
+    sources = images = tiled = tile_runs = 0
     worst = 0.0
     for batch in loader_batches(llama4_dataset, te, buffer=8):
         inputs = to_hf(batch, model=model)
@@ -75,6 +76,9 @@ def test_llama4_through_its_processor_and_the_loader(llama4_dataset):
                 worst, float((logits[start : start + n] - hf.run(model, alone)).abs().max())
             )
             sources += 1
+        tile_runs += len(
+            grids_from_tokens(kw["input_ids"][0], token_id=te.image_token_id, merge_size=2)
+        )
         if tiles:  # each image's tiles and global view, bit-equal, conversation after conversation
             want = torch.cat(tiles)
             assert torch.equal(kw["pixel_values"].to(want.dtype), want)
@@ -83,6 +87,11 @@ def test_llama4_through_its_processor_and_the_loader(llama4_dataset):
     assert sources >= len(CONVERSATIONS) - 2 and not te.stats.skipped.keys() - {"overlong"}
     assert images >= 10 and tiled >= 1, (images, tiled)
     assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
+    # its tower is priced (its tiles as their <|patch|> runs imply them): every tile's
+    # FLOPs, at selection and at emission alike (test_step_cost counts them by hand)
+    tower = te.cost_model.vision
+    assert tower is not None and tower.class_tokens == 1
+    assert te.stats.cost_vision == 3 * tower.grid_flops((1, 24, 24)) * tile_runs
 
 
 @pytest.mark.torchvision

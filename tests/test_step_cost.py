@@ -477,3 +477,55 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
     audio = model.audio_flops([n for clips in frames for n in clips])
     packs = 3  # the 900 fits only beside the 40, and 700 + 400 > 1,024
     assert f"audio {audio / packs / 1e12:,.1f} " in line, line
+
+
+@pytest.mark.parametrize("family", ["kimi_k25", "llama4"])
+def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
+    """Kimi-K2.5's MoonViT and Llama 4's tile encoder (towers whose configs name their fields
+    otherwise than Qwen-VL's), run on images of several grids: their matrix products and
+    convolutions as torch's ``FlopCounterMode`` counts them in the encoder, its merger or
+    pixel-shuffle MLP and the projector equal
+    :meth:`VisionTower.grid_flops` of the grids their tokens imply, exactly."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from energon_packing.encoding import hf_compat
+
+    if family == "kimi_k25":
+        if not hasattr(transformers, "Kimi_K25Config"):
+            pytest.skip(f"transformers {hf_compat.transformers_version()}: no Kimi-K2.5")
+        from energon_packing.testing.families_kimi import tiny_config
+
+        config = tiny_config(vocab_size=64, image_token_id=63)
+        model = transformers.Kimi_K25ForConditionalGeneration(config).eval()
+        cases = [(4, 6), (8, 8), (2, 14)]  # patches a side: the processor's grid
+
+        def run(grid):
+            h, w = grid
+            pixels = torch.randn(h * w, 3, 14, 14)
+            thw = torch.tensor([[1, h, w]])
+            return model.model.get_image_features(pixels, thw), h * w // 4
+    else:
+        from energon_packing.testing.families_llama4 import tiny_config
+
+        config = tiny_config(image_token_index=63, vocab_size=64, pad_token_id=0)
+        model = transformers.Llama4ForConditionalGeneration(config).eval()
+        cases = [1, 3]  # tiles: each 336 px, 24 x 24 patches, 144 tokens
+
+        def run(tiles):  # the tower, then the projector (some releases apply it in forward)
+            encoded = model.vision_model(torch.randn(tiles, 3, 336, 336)).last_hidden_state
+            return model.multi_modal_projector(encoded), tiles * 144
+
+    tower = step_cost_model(config).vision
+    assert tower is not None, f"{family}: its tower is not priced"
+    for case in cases:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            _, tokens = run(case)
+        ids = [7] + [63] * tokens if family == "kimi_k25" else []
+        if family == "llama4":  # each tile its own run of <|patch|>, separators between
+            for _ in range(case):
+                ids += [63] * 144 + [5]
+        grids = grids_from_tokens(ids, token_id=63, merge_size=tower.spatial_merge_size)
+        modelled = sum(tower.grid_flops(g) for g in grids)
+        assert counter.get_total_flops() == modelled, (family, case, grids)

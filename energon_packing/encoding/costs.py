@@ -10,7 +10,8 @@ or the dict of one)::
 
 The packing core stays pure: it receives the sizes, never a config. Vision towers are read
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
-Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers); another family's
+Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
+MoonViT and Llama 4's tiles (an image's grids then as its tokens imply them); another family's
 encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
@@ -23,7 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from energon_packing.encoding.models import find_model_config, read_config_json, text_config
+from energon_packing.encoding.models import (
+    find_model_config,
+    info_of,
+    read_config_json,
+    text_config,
+)
 from energon_packing.packing.audio_tower import AudioTower
 from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
 
@@ -87,6 +93,9 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     if not isinstance(vision, Mapping):
         return None
     kind = str(model_type or raw.get("model_type") or vision.get("model_type") or "")
+    own = _OWN_TOWERS.get(kind)
+    if own is not None:  # a family whose tower reads other fields
+        return own(vision, out=_int(text_config(raw, holding="hidden_size").get("hidden_size")))
     merge = _int(vision.get("spatial_merge_size"))
     depth = _int(vision.get("depth"))
     if not merge or not depth:
@@ -131,6 +140,51 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
         mergers=1 + len(vision.get("deepstack_visual_indexes") or ()),
     )
 
+
+def _kimi_tower(vision: Mapping, *, out: int | None) -> VisionTower:
+    """Kimi-K2.5's MoonViT: Qwen2-VL's shape (a patch a token, attention within each image,
+    a 2 x 2 merger into the decoder's width), its fields named otherwise; an image's patch
+    embedding reads one frame."""
+    width = int(vision.get("hidden_size", 1152))
+    return VisionTower(
+        depth=int(vision.get("num_hidden_layers", 27)),
+        hidden_size=width,
+        intermediate_size=int(vision.get("intermediate_size", 4304)),
+        out_hidden_size=out or width,
+        patch_size=_int(vision.get("patch_size")) or 14,
+        temporal_patch_size=1,
+        spatial_merge_size=_int(vision.get("merge_kernel_size")) or 2,
+    )
+
+
+def _llama4_tower(vision: Mapping, *, out: int | None) -> VisionTower:
+    """Llama 4's vision encoder, over each tile alone (a class token beside its patches),
+    pixel-shuffled by ``pixel_shuffle_ratio`` (0.5: 2 x 2 patches a token), then its MLP
+    (``intermediate_size`` to ``projector_input_dim``, ``projector_output_dim`` square) and the
+    projector into the decoder's width (``vision_output_dim`` in)."""
+    width = int(vision.get("hidden_size", 1408))
+    mlp = int(vision.get("intermediate_size", 5632))
+    ratio = float(vision.get("pixel_shuffle_ratio", 0.5))
+    projected = int(vision.get("projector_output_dim", 4096))
+    return VisionTower(
+        depth=int(vision.get("num_hidden_layers", 34)),
+        hidden_size=width,
+        intermediate_size=mlp,
+        out_hidden_size=out or projected,
+        patch_size=_int(vision.get("patch_size")) or 14,
+        temporal_patch_size=1,
+        spatial_merge_size=round(1 / ratio),
+        class_tokens=1,
+        head=(
+            (mlp, int(vision.get("projector_input_dim", 4096))),
+            (projected, projected),
+            (int(vision.get("vision_output_dim", 4096)), out or projected),
+        ),
+    )
+
+
+#: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
+_OWN_TOWERS = {"kimi_k25": _kimi_tower, "llama4": _llama4_tower}
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
 _AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
@@ -218,12 +272,23 @@ def default_cost_model(*, patch_size: int = 14, merge_size: int = 2) -> StepCost
     )
 
 
+def _defaults_of(model_type: str) -> StepCostModel:
+    """``transformers``' default sizes of ``model_type``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    return step_cost_model(
+        config, source=f"model_type={model_type!r} (transformers' default sizes)"
+    )
+
+
 def cost_model_for(
     source: Any, *, model_type: str | None = None, patch_size: int = 14, merge_size: int = 2
 ) -> StepCostModel:
     """What balanced emission prices packs with: the model ``source`` (a processor, a
-    tokenizer, or a local path) was saved with, else the default sizes of ``model_type``
-    (``transformers``'), else :func:`default_cost_model` (logged: nothing named the model).
+    tokenizer, or a local path) was saved with, else the default sizes of ``model_type`` (or
+    of the model type ``source`` names: its ``model_info``; ``transformers``' defaults), else
+    :func:`default_cost_model` (logged: nothing named the model).
 
     A ``config.json`` that is there but unreadable raises; a config that names no decoder size
     falls through to the next rule."""
@@ -237,13 +302,18 @@ def cost_model_for(
             logger.info("balanced emission prices packs for %s", model.describe())
             return model
     if model_type:
-        from transformers import AutoConfig
-
-        config = AutoConfig.for_model(model_type)
-        source_text = f"model_type={model_type!r} (transformers' default sizes)"
-        model = step_cost_model(config, source=source_text)
+        model = _defaults_of(model_type)
         logger.info("balanced emission prices packs for %s", model.describe())
         return model
+    known = info_of(source) if source is not None else None
+    if known is not None and known.model_type:  # the model type the processor names
+        try:
+            model = _defaults_of(known.model_type)
+        except (ValueError, KeyError) as e:
+            logger.info("model type %r (%s): %s", known.model_type, known.source, e)
+        else:
+            logger.info("balanced emission prices packs for %s", model.describe())
+            return model
     model = default_cost_model(patch_size=patch_size, merge_size=merge_size)
     logger.info(
         "no model config found beside the tokenizer or processor and no model_type: balanced "

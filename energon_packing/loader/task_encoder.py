@@ -331,7 +331,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     def emitted_cost(self, pack: Pack) -> PackCost:
         """A laid-out pack's modelled cost by component, from its own ``cu_seqlens`` and media
-        grids (``image_grid_thw``, ``video_grid_thw``)."""
+        grids (``image_grid_thw``, ``video_grid_thw``; where a priced tower's family carries
+        none, Llama 4's tiles, as its image tokens imply them)."""
         bounds = pack.cu_seqlens.tolist()
         grids = [
             row
@@ -339,6 +340,11 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             if name in pack.media
             for row in np.asarray(pack.media[name]).reshape(-1, 3).tolist()
         ]
+        tower = self.cost_model.vision
+        if "image_grid_thw" not in pack.media and tower and self.image_token_id is not None:
+            grids += grids_from_tokens(
+                pack.input_ids, token_id=self.image_token_id, merge_size=tower.spatial_merge_size
+            )
         mask = pack.media.get("feature_attention_mask")  # a clip's mel frames: its mask's
         frames = (
             np.asarray(mask).reshape(-1, np.shape(mask)[-1]).sum(-1) if mask is not None else ()

@@ -89,6 +89,11 @@ class VisionTower:
         window_size: Side of an attention window in merged tokens (0: every layer is full).
         full_attention_layers: With windows, the layers that attend over the whole slice.
         mergers: Patch mergers (Qwen3-VL: 1 + its deepstack mergers).
+        class_tokens: Tokens each slice carries beside its patches through every layer
+            (Llama 4: a class token a tile).
+        head: The ``(in, out)`` linear layers each merged token passes through after the
+            encoder, where they are not the merger above (Llama 4: its pixel-shuffle MLP and
+            projector); they then replace the mergers.
     """
 
     depth: int
@@ -103,11 +108,22 @@ class VisionTower:
     window_size: int = 0
     full_attention_layers: tuple[int, ...] = ()
     mergers: int = 1
+    class_tokens: int = 0
+    head: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         _positive(self, "depth", "hidden_size", "intermediate_size", "out_hidden_size")
         _positive(self, "patch_size", "temporal_patch_size", "spatial_merge_size", "in_channels")
         _positive(self, "mergers")
+        if isinstance(self.class_tokens, bool) or not isinstance(self.class_tokens, int):
+            raise ValueError(f"class_tokens must be an integer >= 0, got {self.class_tokens!r}")
+        if self.class_tokens < 0 or any(
+            not isinstance(n, int) or n <= 0 for layer in self.head for n in layer
+        ):
+            raise ValueError(
+                f"class_tokens must be >= 0 and head layers (in, out) positive integers, got "
+                f"{self.class_tokens!r} and {self.head!r}"
+            )
         if isinstance(self.window_size, bool) or not isinstance(self.window_size, int):
             raise ValueError(f"window_size must be an integer >= 0, got {self.window_size!r}")
         if self.window_size < 0:
@@ -148,12 +164,20 @@ class VisionTower:
         d, m = self.hidden_size, self.spatial_merge_size
         mlp = (3 if self.gated_mlp else 2) * d * self.intermediate_size
         embed = 2 * patches * self.in_channels * self.temporal_patch_size * self.patch_size**2 * d
-        linear = 2 * patches * (4 * d * d + mlp)
-        full = t * (h * w) ** 2
+        linear = 2 * (patches + t * self.class_tokens) * (4 * d * d + mlp)
+        full = t * (h * w + self.class_tokens) ** 2
         windowed = self.windowed_layers
         attention = 4 * d * (full * (self.depth - windowed) + self.window_squares(grid) * windowed)
+        merged_tokens = patches // (m * m)
+        if self.head:
+            return (
+                embed
+                + self.depth * linear
+                + attention
+                + 2 * merged_tokens * sum(n_in * n_out for n_in, n_out in self.head)
+            )
         merged = d * m * m
-        merger = 2 * (patches // (m * m)) * (merged * merged + merged * self.out_hidden_size)
+        merger = 2 * merged_tokens * (merged * merged + merged * self.out_hidden_size)
         return embed + self.depth * linear + attention + self.mergers * merger
 
 

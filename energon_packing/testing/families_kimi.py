@@ -15,7 +15,7 @@ from typing import Any
 
 from energon_packing.testing.families import _built, make_tokenizer
 
-__all__ = ["KIMI_K25_TEMPLATE", "kimi_k25"]
+__all__ = ["KIMI_K25_TEMPLATE", "kimi_k25", "tiny_config"]
 
 #: moonshotai/Kimi-K2.5's chat format: each turn as ``<|im_user|>user<|im_middle|>`` (the
 #: role's own token, the role, ``<|im_middle|>``), its parts in order (an image as
@@ -70,10 +70,32 @@ def kimi_k25(model: bool, *, max_patches: int = 256, max_side: int = 24) -> tupl
         chat_template=KIMI_K25_TEMPLATE,
     )
     media = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIALS}
+    config = tiny_config(
+        vocab_size=len(tokenizer),
+        image_token_id=media["<|media_pad|>"],
+        video_token_id=media["<|kimi_k25_video_placeholder|>"],
+        vision_start_token_id=media["<|media_begin|>"],
+        vision_end_token_id=media["<|media_end|>"],
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    info = {"family": "kimi_k25", "built": "kimi_k25"}
+    return _built(processor, config, transformers.Kimi_K25ForConditionalGeneration, model, info)
+
+
+def tiny_config(
+    *, vocab_size: int, pad_token_id: int = 0, eos_token_id: int | None = None, **ids: int
+) -> Any:
+    """A ``Kimi_K25Config`` of two 64-wide DeepSeek-V3 text layers (the second routes each
+    token to two of four experts, beside a shared one) under a one-layer 32-wide vision tower
+    of 14 px patches merged 2 x 2; ``ids``: its image, video and vision start / end token ids.
+    Eager attention. Needs no torchvision."""
+    import transformers
+
     config = transformers.Kimi_K25Config(
         text_config={
             "model_type": "deepseek_v3",
-            "vocab_size": len(tokenizer),
+            "vocab_size": vocab_size,
             "hidden_size": 64,
             "intermediate_size": 128,
             "moe_intermediate_size": 32,
@@ -91,8 +113,8 @@ def kimi_k25(model: bool, *, max_patches: int = 256, max_side: int = 24) -> tupl
             "qk_rope_head_dim": 8,
             "qk_nope_head_dim": 8,
             "v_head_dim": 16,
-            "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": pad_token_id,
+            "eos_token_id": eos_token_id,
             "bos_token_id": None,
         },
         vision_config={
@@ -105,12 +127,8 @@ def kimi_k25(model: bool, *, max_patches: int = 256, max_side: int = 24) -> tupl
             "pos_emb_width": 16,
         },
         projection_hidden_size=32,
-        image_token_id=media["<|media_pad|>"],
-        video_token_id=media["<|kimi_k25_video_placeholder|>"],
-        vision_start_token_id=media["<|media_begin|>"],
-        vision_end_token_id=media["<|media_end|>"],
         tie_word_embeddings=False,
+        **ids,
     )
     config._attn_implementation = "eager"
-    info = {"family": "kimi_k25", "built": "kimi_k25"}
-    return _built(processor, config, transformers.Kimi_K25ForConditionalGeneration, model, info)
+    return config
