@@ -87,8 +87,8 @@ def test_llama4_through_its_processor_and_the_loader(llama4_dataset):
     assert sources >= len(CONVERSATIONS) - 2 and not te.stats.skipped.keys() - {"overlong"}
     assert images >= 10 and tiled >= 1, (images, tiled)
     assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
-    # its tower is priced (its tiles as their <|patch|> runs imply them): every tile's
-    # FLOPs, at selection and at emission alike (test_step_cost counts them by hand)
+    # its tower is priced (its tiles as their <|patch|> runs imply them): the emitted packs'
+    # vision cost is every tile's FLOPs, trained (test_step_cost counts a tile's by torch)
     tower = te.cost_model.vision
     assert tower is not None and tower.class_tokens == 1
     assert te.stats.cost_vision == 3 * tower.grid_flops((1, 24, 24)) * tile_runs

@@ -185,3 +185,78 @@ def test_the_releases_whose_own_forward_leaks_are_refused(built):
         from energon_packing.hf import to_hf
 
         to_hf(collate([pack]), model=model)
+
+
+def test_a_shipped_chat_template_does_not_replace_the_processors_layout():
+    """A PaliGemma processor (or its tokenizer) that carries a chat template of its own, a
+    Gemma-style one here: the layout is still the processor's ``text``/``suffix`` call (its
+    images first, the prompt typed 0), and a system turn is still refused, naming why."""
+    from helpers import conversation_sample
+
+    from energon_packing.errors import Skip
+    from energon_packing.testing.families import build
+
+    conversation = ONE_TURN[0]
+    plain, _, _ = build("paligemma", model=False)
+    shipped, _, _ = build("paligemma", model=False)
+    gemma = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+        "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}"
+        "{{ p['text'] }}{% endif %}{% endfor %}<end_of_turn>\n{% endfor %}"
+    )
+    shipped.chat_template = gemma
+    shipped.tokenizer.chat_template = gemma
+    encoded = []
+    for processor in (plain, shipped):
+        te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+        sample = conversation_sample(conversation.key, conversation.document, conversation.images)
+        encoded.append(te.encode_sample(sample))
+    assert encoded[0].input_ids.tolist() == encoded[1].input_ids.tolist()
+    assert encoded[0].prefix_length == encoded[1].prefix_length
+    reference = _reference(plain, conversation)
+    assert encoded[1].input_ids.tolist() == reference["input_ids"][0].tolist()
+    assert encoded[1].prefix_length == int((reference["token_type_ids"][0] == 0).sum())
+    system = {"role": "system", "content": "Be brief."}
+    messages = [system, *conversation.document["messages"]]
+    with pytest.raises(Skip, match="one user turn"):
+        te.chat.encode(
+            key="k",
+            messages=messages,
+            image_names=conversation.document["images"],
+            images=conversation.images,
+            loss_weight=1.0,
+            config=te.config,
+        )
+
+
+def test_a_pack_without_the_answers_start_is_refused():
+    """``sources`` given a PaliGemma conversation without its ``prefix_length`` (where its
+    answer starts): an error naming it, never a pack whose prompt reads causally."""
+    from energon_packing.testing.families import build
+
+    processor, _, _ = build("paligemma", model=False)
+    te = PackingTaskEncoder(max_input_seq_length=CAPACITY, processor=processor)
+    conversation = ONE_TURN[0]
+    encoding = te.chat.encode(
+        key=conversation.key,
+        messages=conversation.document["messages"],
+        image_names=conversation.document["images"],
+        images=conversation.images,
+        loss_weight=1.0,
+        config=te.config,
+    )
+    item = {
+        "key": conversation.key,
+        "input_ids": encoding.input_ids,
+        "token_mask": encoding.token_mask,
+        "images": [
+            conversation.images[conversation.document["images"][i]] for i in encoding.image_order
+        ],
+        "videos": [],
+    }
+    source = te.chat.source(config=te.config, **item, prefix_length=encoding.prefix_length)
+    assert source.token_fields["token_type_ids"].tolist() == [0] * encoding.prefix_length + [1] * (
+        len(encoding.input_ids) - encoding.prefix_length
+    )
+    with pytest.raises(ValueError, match="without the prefix_length"):
+        te.chat.source(config=te.config, **item)

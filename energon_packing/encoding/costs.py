@@ -24,17 +24,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from energon_packing.encoding.models import (
-    find_model_config,
-    info_of,
-    read_config_json,
-    text_config,
-)
+from energon_packing.encoding.models import find_model_config, read_config_json, text_config
 from energon_packing.packing.audio_tower import AudioTower
 from energon_packing.packing.balance import Grid, StepCostModel, VisionTower
 
 __all__ = [
     "DEFAULT_TOWER",
+    "TILES_FROM_TOKENS",
     "audio_tower",
     "cost_model_for",
     "default_cost_model",
@@ -87,7 +83,8 @@ def _int(value: Any) -> int | None:
 
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
-    or is of a family whose packs carry no grids (logged)."""
+    or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
+    or a family's own rule (Kimi-K2.5, Llama 4)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -100,8 +97,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     depth = _int(vision.get("depth"))
     if not merge or not depth:
         logger.info(
-            "model type %r: its vision encoder is not priced (only the Qwen-VL families' packs "
-            "carry image / video grids); balancing counts the decoder alone",
+            "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
+            "fields, Kimi-K2.5's and Llama 4's); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -185,6 +182,9 @@ def _llama4_tower(vision: Mapping, *, out: int | None) -> VisionTower:
 
 #: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
 _OWN_TOWERS = {"kimi_k25": _kimi_tower, "llama4": _llama4_tower}
+#: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles) read
+#: from their image tokens, one run a tile, at emission as at selection.
+TILES_FROM_TOKENS = frozenset({"llama4"})
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
 _AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
@@ -287,7 +287,7 @@ def cost_model_for(
 ) -> StepCostModel:
     """What balanced emission prices packs with: the model ``source`` (a processor, a
     tokenizer, or a local path) was saved with, else the default sizes of ``model_type`` (or
-    of the model type ``source`` names: its ``model_info``; ``transformers``' defaults), else
+    of the model type a processor's ``model_info`` names; ``transformers``' defaults), else
     :func:`default_cost_model` (logged: nothing named the model).
 
     A ``config.json`` that is there but unreadable raises; a config that names no decoder size
@@ -305,12 +305,12 @@ def cost_model_for(
         model = _defaults_of(model_type)
         logger.info("balanced emission prices packs for %s", model.describe())
         return model
-    known = info_of(source) if source is not None else None
-    if known is not None and known.model_type:  # the model type the processor names
+    named = getattr(getattr(source, "model_info", None), "model_type", None)
+    if named:  # the model type a processor was given (model_info), its config not at hand
         try:
-            model = _defaults_of(known.model_type)
+            model = _defaults_of(named)
         except (ValueError, KeyError) as e:
-            logger.info("model type %r (%s): %s", known.model_type, known.source, e)
+            logger.info("model type %r: %s; trying the next rule", named, e)
         else:
             logger.info("balanced emission prices packs for %s", model.describe())
             return model

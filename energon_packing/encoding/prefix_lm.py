@@ -8,9 +8,9 @@ the answer as ``suffix`` and writes::
     '------------- token_type_ids 0 (the prefix) ---------'  '--- 1 ---'
 
 tokenizing the prefix and the suffix apart (a ``text_pair``). :data:`PALIGEMMA_TEMPLATE`
-renders a conversation (one user turn with its images, then at most one assistant turn) to the
-same text, so the chat path locates the assistant turn as it does for every family; the
-encoding then tokenizes the two parts apart too and records where the suffix starts
+renders a conversation (one user turn with its images, then its answer) to the same text,
+so the chat path locates the assistant turn as it does for every family; the encoding then
+tokenizes the two parts apart too and records where the suffix starts
 (``prefix_length``), from which :func:`suffix_types` gives the token types at pack time.
 
 In a pack, the padding behind a conversation carries token type 1
@@ -61,7 +61,7 @@ PALIGEMMA_TEMPLATE = (
 )
 
 
-def suffix_types(length: int, prefix_length: int) -> np.ndarray:
+def suffix_types(length: int, *, prefix_length: int) -> np.ndarray:
     """``token_type_ids`` of a conversation of ``length`` tokens whose suffix starts at token
     ``prefix_length``: 0 before it, 1 from it on (its processor's ``text_pair`` types)."""
     return (np.arange(length) >= prefix_length).astype(np.int64)

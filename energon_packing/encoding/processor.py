@@ -223,7 +223,11 @@ class ProcessorChat:
 
     def _template(self) -> Any:
         """The processor's chat template, else its tokenizer's, else its family's layout
-        (``Family.template``: PaliGemma's processor ships none)."""
+        (``Family.template``: PaliGemma's processor ships none). A prefix-LM family's layout
+        always: its processor's ``text`` / ``suffix`` call is the layout, whatever template a
+        processor or tokenizer carries besides."""
+        if self.family is not None and self.family.prefix_lm:
+            return self.family.template
         return (
             getattr(self.processor, "chat_template", None)
             or getattr(self.tokenizer, "chat_template", None)
@@ -297,7 +301,8 @@ class ProcessorChat:
 
     def render(self, messages: list[dict], **kwargs: Any) -> str:
         template_owner = self.processor if self.has_images else self.tokenizer
-        if not getattr(template_owner, "chat_template", None):  # the family's layout
+        family_layout = self.family is not None and self.family.prefix_lm
+        if family_layout or not getattr(template_owner, "chat_template", None):
             kwargs = {"chat_template": self._template(), **kwargs}
         return template_owner.apply_chat_template(
             messages, tokenize=False, **{**self.kwargs, **kwargs}
@@ -380,7 +385,14 @@ class ProcessorChat:
             raise Skip("template_error", describe(e)) from None
         cut = None
         if self.family is not None and self.family.prefix_lm:  # where the suffix starts
-            cut = len(self.render(chat[:1])) if len(chat) > 1 else len(text)
+            head = self.render(chat[:1])
+            if not text.startswith(head):
+                raise Skip(
+                    "template_error",
+                    f"{self.family_name}: the prompt's rendering is not a prefix of the "
+                    f"conversation's, so its answer cannot be located",
+                )
+            cut = len(head)
         try:
             ids, offsets, shifts, media, prefix = self._expand(
                 text, sizes, expansions, heard, cut=cut
@@ -615,7 +627,8 @@ class ProcessorChat:
 
     def source(self, *, config: PackingConfig, **item: Any) -> Source:
         """:meth:`sources` of one conversation (``key``, ``input_ids``, ``token_mask``,
-        ``images``, ``videos``); raises what it alone fails with."""
+        ``images``, ``videos``; a prefix-LM family's ``prefix_length``); raises what it alone
+        fails with."""
         (found,) = self.sources(items=[item], config=config)
         if isinstance(found, Exception):
             raise found
@@ -712,8 +725,17 @@ class ProcessorChat:
                 input_ids, [tuple(g) for g in grids.tolist()], self.mrope, videos=videos
             )
         fill = {}
+        if self.family is not None and self.family.prefix_lm and item.get("prefix_length") is None:
+            raise ValueError(
+                f"{self.family_name} ({self.name}): sample {item['key']!r} comes without the "
+                f"prefix_length encode() gave it (where its answer starts: its token_type_ids); "
+                f"pass the encoding's prefix_length"
+            )
         if item.get("prefix_length") is not None:  # a prefix-LM family's token types
-            tokens = {**tokens, PREFIX_TYPES: suffix_types(len(input_ids), item["prefix_length"])}
+            tokens = {
+                **tokens,
+                PREFIX_TYPES: suffix_types(len(input_ids), prefix_length=item["prefix_length"]),
+            }
             fill = {PREFIX_TYPES: 1}  # its pads typed as its answer: none joins its prompt
         return Source(
             key=item["key"],

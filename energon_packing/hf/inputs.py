@@ -169,7 +169,7 @@ def to_hf(
         raise ValueError(
             "to_hf: the batch carries token_type_ids (Gemma 3, PaliGemma): its forward needs "
             "the model's config (Gemma 3's mask mapping, built with its sliding window; "
-            "PaliGemma's padding); pass model= or config="
+            "PaliGemma's positions, counted from 1); pass model= or config="
         )
     model_type = getattr(config, "model_type", None)
     if model_type in REFUSED:

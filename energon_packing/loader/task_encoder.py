@@ -31,7 +31,7 @@ from megatron.energon.errors import FatalSampleError, SkipSample  # 7.3.x: the o
 from energon_packing.config import BUILTIN, KNOBS, PROCESSOR, PackingConfig, check_knobs_path
 from energon_packing.encoding import hf_compat, make_chat
 from energon_packing.encoding.chat import OverlongError, Skip
-from energon_packing.encoding.costs import cost_model_for, grids_from_tokens
+from energon_packing.encoding.costs import TILES_FROM_TOKENS, cost_model_for, grids_from_tokens
 from energon_packing.errors import describe, quote
 from energon_packing.loader.energon import (
     SOURCE_DATASET,
@@ -331,8 +331,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     def emitted_cost(self, pack: Pack) -> PackCost:
         """A laid-out pack's modelled cost by component, from its own ``cu_seqlens`` and media
-        grids (``image_grid_thw``, ``video_grid_thw``; where a priced tower's family carries
-        none, Llama 4's tiles, as its image tokens imply them)."""
+        grids (``image_grid_thw``, ``video_grid_thw``; Llama 4's tiles, which it carries none
+        of, as its image tokens imply them: ``costs.TILES_FROM_TOKENS``)."""
         bounds = pack.cu_seqlens.tolist()
         grids = [
             row
@@ -341,7 +341,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             for row in np.asarray(pack.media[name]).reshape(-1, 3).tolist()
         ]
         tower = self.cost_model.vision
-        if "image_grid_thw" not in pack.media and tower and self.image_token_id is not None:
+        if tower is not None and self.chat.family_name in TILES_FROM_TOKENS:
             grids += grids_from_tokens(
                 pack.input_ids, token_id=self.image_token_id, merge_size=tower.spatial_merge_size
             )

@@ -59,19 +59,21 @@ Grid = tuple[int, int, int]
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class VisionTower:
-    """Forward FLOPs of a Qwen-VL style vision encoder over one image or video grid.
+    """Forward FLOPs of a ViT-style vision encoder (Qwen-VL's, Kimi-K2.5's, Llama 4's tiles)
+    over one image or video grid.
 
     One ViT patch is one encoder token; an LLM vision token is ``spatial_merge_size**2``
-    patches. For a grid ``(t, h, w)`` (``P = t*h*w`` patches) with width ``d``, MLP width
-    ``f`` and merge size ``m``::
+    patches. For a grid ``(t, h, w)`` (``P = t*h*w`` patches, ``c`` class tokens a slice) with
+    width ``d``, MLP width ``f`` and merge size ``m``::
 
         patch embedding   2*P*(in_channels * temporal_patch_size * patch_size**2)*d
-        per layer         2*P*(4*d*d + k*d*f)       QKV + output, MLP (k=3 gated, 2 plain)
+        per layer         2*(P + t*c)*(4*d*d + k*d*f)   QKV + output, MLP (k=3 gated, 2 plain)
                         + 4*d*sum(S**2)             bidirectional attention over sequences S
         each merger       2*(P/m**2)*((d*m*m)**2 + d*m*m*out_hidden_size)
+        or a head         2*(P/m**2)*sum(in*out)   its (in, out) layers instead of the mergers
 
     A full-attention layer attends within each of the ``t`` temporal slices (sequences of
-    ``h*w``); a windowed layer (``window_size`` > 0, Qwen2.5-VL) within windows of
+    ``h*w + c``); a windowed layer (``window_size`` > 0, Qwen2.5-VL) within windows of
     ``window_size x window_size`` merged tokens of a slice, cut at the slice's edges, so a
     window holds ``rows*cols*m*m`` patches. Norms, activations and rotary embeddings are left
     out (linear in P, under 1 %).
