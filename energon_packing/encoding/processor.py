@@ -385,7 +385,7 @@ class ProcessorChat:
             raise Skip("template_error", describe(e)) from None
         cut = None
         if self.family is not None and self.family.prefix_lm:  # where the suffix starts
-            head = self.render(chat[:1])
+            head = self._prefix_render(chat[:1])
             if not text.startswith(head):
                 raise Skip(
                     "template_error",
@@ -725,17 +725,15 @@ class ProcessorChat:
                 input_ids, [tuple(g) for g in grids.tolist()], self.mrope, videos=videos
             )
         fill = {}
-        if self.family is not None and self.family.prefix_lm and item.get("prefix_length") is None:
-            raise ValueError(
-                f"{self.family_name} ({self.name}): sample {item['key']!r} comes without the "
-                f"prefix_length encode() gave it (where its answer starts: its token_type_ids); "
-                f"pass the encoding's prefix_length"
-            )
-        if item.get("prefix_length") is not None:  # a prefix-LM family's token types
-            tokens = {
-                **tokens,
-                PREFIX_TYPES: suffix_types(len(input_ids), prefix_length=item["prefix_length"]),
-            }
+        if self.family is not None and self.family.prefix_lm:  # its token types
+            prefix = item.get("prefix_length")
+            if prefix is None:
+                raise ValueError(
+                    f"{self.family_name} ({self.name}): sample {item['key']!r} comes without the "
+                    f"prefix_length encode() gave it (where its answer starts: its "
+                    f"token_type_ids); pass the encoding's prefix_length"
+                )
+            tokens = {**tokens, PREFIX_TYPES: suffix_types(len(input_ids), prefix_length=prefix)}
             fill = {PREFIX_TYPES: 1}  # its pads typed as its answer: none joins its prompt
         return Source(
             key=item["key"],

@@ -186,8 +186,9 @@ def load_processor(path: str | Path) -> Any:
                 f"as a text model, but its tokenizer does not load: {_cause(e)}"
             ) from e
     class_name = _processor_class_name(path)
-    _refuse_refused_model(path, class_name)
-    _require_family_packages(path, class_name)
+    model_type = _config_model_type(path)
+    _refuse_refused_model(path, class_name, model_type)
+    _require_family_packages(path, class_name, model_type)
     processor_cls = _transformers_class(class_name)
     if (
         processor_cls is not None
@@ -230,19 +231,18 @@ def load_processor(path: str | Path) -> Any:
     return _with_model_settings(processor, path)
 
 
-def _refuse_refused_model(path: Path, class_name: str | None) -> None:
+def _refuse_refused_model(path: Path, class_name: str | None, model_type: str | None) -> None:
     """Raises the refusal line (:data:`~.families.REFUSED`) where the directory's
     ``config.json`` names a refused model type, before its processor is built: a processor that
     needs more than is installed (Phi-4-multimodal's torchvision) would hide why in an
     ImportError."""
     from energon_packing.encoding.families import REFUSED, refusal
 
-    model_type = _config_model_type(path)
     if model_type in REFUSED:
         raise ValueError(f"{path}: {refusal(class_name or 'its processor', model_type)}")
 
 
-def _require_family_packages(path: Path, class_name: str | None) -> None:
+def _require_family_packages(path: Path, class_name: str | None, model_type: str | None) -> None:
     """Raises, in one line, where the family of ``class_name`` (or, where the class is none of
     a family's, of the ``config.json``'s model type: Kimi-K2.5's hub directory names its
     remote-code ``KimiK25Processor``) needs a package that does not import here
@@ -251,7 +251,7 @@ def _require_family_packages(path: Path, class_name: str | None) -> None:
     from energon_packing.encoding.families import FAMILIES, family_of_model
 
     family = next((f for f in FAMILIES if class_name in f.classes), None)
-    family = family or family_of_model(_config_model_type(path))
+    family = family or family_of_model(model_type)
     missing = [name for name in (family.needs if family else ()) if not _importable(name)]
     if missing:
         raise ValueError(

@@ -117,19 +117,11 @@ class VisionTower:
         _positive(self, "depth", "hidden_size", "intermediate_size", "out_hidden_size")
         _positive(self, "patch_size", "temporal_patch_size", "spatial_merge_size", "in_channels")
         _positive(self, "mergers")
-        if isinstance(self.class_tokens, bool) or not isinstance(self.class_tokens, int):
-            raise ValueError(f"class_tokens must be an integer >= 0, got {self.class_tokens!r}")
-        if self.class_tokens < 0 or any(
-            not isinstance(n, int) or n <= 0 for layer in self.head for n in layer
+        _positive(self, "window_size", "class_tokens", least=0)
+        if any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for io in self.head for n in io
         ):
-            raise ValueError(
-                f"class_tokens must be >= 0 and head layers (in, out) positive integers, got "
-                f"{self.class_tokens!r} and {self.head!r}"
-            )
-        if isinstance(self.window_size, bool) or not isinstance(self.window_size, int):
-            raise ValueError(f"window_size must be an integer >= 0, got {self.window_size!r}")
-        if self.window_size < 0:
-            raise ValueError(f"window_size must be an integer >= 0, got {self.window_size!r}")
+            raise ValueError(f"head layers (in, out) must be integers >= 1, got {self.head!r}")
         bad = [i for i in self.full_attention_layers if not 0 <= i < self.depth]
         if bad:
             raise ValueError(
@@ -170,17 +162,12 @@ class VisionTower:
         full = t * (h * w + self.class_tokens) ** 2
         windowed = self.windowed_layers
         attention = 4 * d * (full * (self.depth - windowed) + self.window_squares(grid) * windowed)
-        merged_tokens = patches // (m * m)
+        merged, tokens = d * m * m, patches // (m * m)
         if self.head:
-            return (
-                embed
-                + self.depth * linear
-                + attention
-                + 2 * merged_tokens * sum(n_in * n_out for n_in, n_out in self.head)
-            )
-        merged = d * m * m
-        merger = 2 * merged_tokens * (merged * merged + merged * self.out_hidden_size)
-        return embed + self.depth * linear + attention + self.mergers * merger
+            out = 2 * tokens * sum(n_in * n_out for n_in, n_out in self.head)
+        else:
+            out = self.mergers * 2 * tokens * (merged * merged + merged * self.out_hidden_size)
+        return embed + self.depth * linear + attention + out
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -347,13 +334,13 @@ def _grid(grid: Iterable[int]) -> Grid:
     return t, h, w
 
 
-def _positive(obj: object, *names: str, optional: bool = False) -> None:
+def _positive(obj: object, *names: str, optional: bool = False, least: int = 1) -> None:
     for name in names:
         value = getattr(obj, name)
         if optional and value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 def target_quantile(step: int, seed: int = 0) -> float:
