@@ -65,7 +65,8 @@ DEFAULT_MAX_VIDEO_FRAMES = 768
 DEFAULT_TOKENS_PER_SECOND = 2
 #: The largest ``tokens_per_second`` taken (published Qwen2.5-VL: 2; transformers' default: 4).
 MAX_TOKENS_PER_SECOND = 1000
-#: What ``video_config`` may set: the Qwen video processors' own names.
+#: What ``video_config`` may set: the video processors' own names (``initial_shift`` and a
+#: ``size`` of height and width: InternVL's).
 VIDEO_CONFIG_KEYS = (
     "do_sample_frames",
     "fps",
@@ -77,6 +78,7 @@ VIDEO_CONFIG_KEYS = (
     "size",
     "cap_pixels_per_frame",
     "max_video_tokens",
+    "initial_shift",
 )
 #: Seconds an audio clip may last (bounds the samples a worker decodes for one clip).
 DEFAULT_MAX_AUDIO_SECONDS = 600.0
@@ -580,15 +582,24 @@ def _check_video_config(config: Any) -> None:
         isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < 1e4
     ):
         raise ValueError(f"video_config['fps'] must be a number > 0 or None, got {fps!r}")
+    shift = config.get("initial_shift", 0)
+    if not isinstance(shift, bool) and (
+        not isinstance(shift, numbers.Real) or not 0 <= shift < 1e6
+    ):
+        raise ValueError(
+            f"video_config['initial_shift'] must be True, False or a number of frames >= 0 "
+            f"(InternVL's sampling), got {shift!r}"
+        )
     size = config.get("size")
     if size is not None and not (
         isinstance(size, Mapping)
-        and set(size) <= {"shortest_edge", "longest_edge"}
+        and (set(size) <= {"shortest_edge", "longest_edge"} or set(size) == {"height", "width"})
         and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size.values())
     ):
         raise ValueError(
             f"video_config['size'] must be {{'shortest_edge': int, 'longest_edge': int}} (pixel "
-            f"bounds), got {size!r}"
+            f"bounds; Qwen) or {{'height': int, 'width': int}} (each frame's size; InternVL), "
+            f"got {size!r}"
         )
     low = config.get("min_pixels") or (size or {}).get("shortest_edge")
     high = config.get("max_pixels") or (size or {}).get("longest_edge")

@@ -120,7 +120,12 @@ def make_chat(
                 )
             chat.interleave_tracks()
     if chat.video_style is not None:
-        chat.videos = _video_side(chat.video_style, chat.video_settings, config)
+        chat.videos = _video_side(
+            chat.video_style,
+            chat.video_settings,
+            config,
+            tile_tokens=getattr(processor, "image_seq_length", 0),
+        )
         per_second = chat.mrope.position_id_per_seconds if chat.mrope is not None else None
         if per_second is not None:  # the Omni thinkers: their time positions must be whole
             chat.videos.check_time_aligned(per_second)
@@ -138,9 +143,12 @@ def make_chat(
     return chat
 
 
-def _video_side(style: VideoStyle, settings: Any, config: PackingConfig) -> VideoCosting:
+def _video_side(
+    style: VideoStyle, settings: Any, config: PackingConfig, *, tile_tokens: int = 0
+) -> VideoCosting:
     """The layout's video side: the rule of video ``style`` (the family's) over ``settings`` (a video processor,
-    its settings as a dict), under ``video_config`` and the video limits."""
+    its settings as a dict), under ``video_config`` and the video limits (``tile_tokens``:
+    InternVL's context tokens per frame, its processor's ``image_seq_length``)."""
     from energon_packing.config import knob
     from energon_packing.encoding import hf_compat
     from energon_packing.media.video_rules import VideoRule
@@ -155,6 +163,7 @@ def _video_side(style: VideoStyle, settings: Any, config: PackingConfig) -> Vide
             settings,
             overrides=value("video_config"),
             reads_call_cap=hf_compat.video_cap_from_call(),
+            tile_tokens=tile_tokens,
         ),
         max_frames=value("max_video_frames"),
         max_tokens=value("max_video_tokens"),

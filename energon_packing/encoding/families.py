@@ -226,12 +226,15 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("llava_next",),
         replacement_inputs=image_rules.llava_next_inputs,
     ),
+    # InternVL: an image's tiles, and a video's frames (each one tile), in the model's
+    # pixel_values in the text's order
     Family(
         name="internvl",
         expansion=image_rules.internvl_expansion,
         classes=("InternVLProcessor",),
         model_types=("internvl",),
         replacement_inputs=image_rules.tile_count_inputs,
+        videos=video_styles.INTERNVL,
     ),
     Family(
         name="aya_vision",

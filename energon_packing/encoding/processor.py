@@ -75,6 +75,7 @@ from energon_packing.encoding.rendering import (
     span_mask,
     tokenize,
 )
+from energon_packing.encoding.video_tiles import placed, tiles_in_order
 from energon_packing.errors import describe
 from energon_packing.schema import Source
 
@@ -394,7 +395,7 @@ class ProcessorChat:
                 )
             cut = len(head)
         try:
-            ids, offsets, shifts, media, prefix = self._expand(
+            ids, offsets, shifts, media, prefix, kinds = self._expand(
                 text, sizes, expansions, heard, cut=cut
             )
         except Skip:  # a rule of the family's size rule (aspect ratio): data
@@ -405,6 +406,8 @@ class ProcessorChat:
                 f"{self.family_name} cannot take image(s) of (height, width) {sizes}: "
                 f"{describe(e)}",
             ) from None
+        if plans and self.video_style.frames_as_tiles:  # where its frames join the images'
+            plans = placed(plans, kinds)
         mask = span_mask(offsets, shifts, spans, weight)
         for first, end in media:  # media are context, never trained (assistant turns too)
             mask[first:end] = [0.0] * (end - first)
@@ -534,6 +537,12 @@ class ProcessorChat:
     def _video_expansion(self, plan: Any) -> str:
         """What the processor puts in place of a video's one video token: its frames, or its
         frames interleaved with its own audio track (:mod:`.av_interleave`)."""
+        if plan.style.frames_as_tiles:  # InternVL: a frame is an image tile
+            return plan.expansion(
+                video_token=self.processor.image_token,
+                vision_start=self.processor.start_image_token,
+                vision_end=self.processor.end_image_token,
+            )
         if plan.audio_tokens is None:
             return plan.expansion(
                 video_token=self.video_token,
@@ -587,17 +596,18 @@ class ProcessorChat:
         audios: Sequence[str] = (),
         *,
         cut: int | None = None,
-    ) -> tuple[list, list, list, list, int | None]:
+    ) -> tuple[list, list, list, list, int | None, list[str]]:
         """Token ids and offsets of ``text`` with every image placeholder expanded from sizes
         alone and every video placeholder by its expansion; ``shifts``: ``(end of the
         placeholder in text, characters it gained)`` per medium; ``media``: ``[first, end)``
         token range of each (expansion and markup). ``cut``: where a prefix-LM family's suffix
         starts in ``text``; the two parts are tokenized apart, as its processor's ``text`` and
-        ``text_pair`` (``prefix_length``: the prefix's tokens; None without ``cut``)."""
+        ``text_pair`` (``prefix_length``: the prefix's tokens; None without ``cut``);
+        ``kinds``: each medium's kind, in the text's order."""
         if sizes or videos or audios:
-            expanded, shifts, spans = self.images.expand(text, sizes, videos, audios)
+            expanded, shifts, spans, kinds = self.images.expand(text, sizes, videos, audios)
         else:
-            expanded, shifts, spans = text, [], []
+            expanded, shifts, spans, kinds = text, [], [], []
         prefix_length = None
         if cut is None:
             ids, offsets = self._encode_text(expanded, self.add_special_tokens(text))
@@ -614,7 +624,7 @@ class ProcessorChat:
             (bisect.bisect_right(ends, start), bisect.bisect_left(starts, end))
             for start, end in spans
         ]
-        return list(ids), offsets, shifts, media, prefix_length
+        return list(ids), offsets, shifts, media, prefix_length, kinds
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> tuple[list, list]:
         return tokenize(self.tokenizer, text, add_special_tokens)
@@ -649,18 +659,31 @@ class ProcessorChat:
         :class:`ProcessorMismatchError` when the real outputs expand a medium otherwise than
         predicted.
         """
+        plans: list[list] = [[] for _ in items]
+        failed: dict[int, Exception] = {}
+        for n, item in enumerate(items):
+            if item.get("videos"):
+                try:
+                    plans[n] = self._plans(item)
+                except Exception as e:  # Skip or a mismatch: it alone
+                    failed[n] = e
         if self.images is None:
             media: list = [{} for _ in items]
         else:
             media = self.images.media_of_pack(
-                [(i["key"], i["images"], i["input_ids"]) for i in items], config=config
+                [
+                    (i["key"], () if n in failed else i["images"], i["input_ids"], frames)
+                    for n, (i, frames) in enumerate(zip(items, map(self._frame_slots, plans)))
+                ],
+                config=config,
             )
-        plans: list[list] = [[] for _ in items]
+        media = [failed.get(n, found) for n, found in enumerate(media)]
         for n, item in enumerate(items):
             if item.get("videos") and not isinstance(media[n], Exception):
                 try:
-                    plans[n], clips = self._videos(item)
-                    media[n] = {**media[n], **clips}
+                    media[n] = {**media[n], **self._videos(item, plans[n])}
+                    if self.video_style.frames_as_tiles:
+                        media[n] = self._tiles_in_order(item, media[n], plans[n])
                 except Exception as e:  # Skip or a mismatch: it alone
                     media[n] = e
             if isinstance(media[n], Exception):
@@ -694,19 +717,32 @@ class ProcessorChat:
                 out.append(e)
         return out
 
-    def _videos(self, item: Mapping[str, Any]) -> tuple[list, dict]:
-        """The plans (made at encode time, else now) and model inputs of one conversation's
-        videos, decoded now; the ids must hold as many video tokens as the plans expand to."""
-        key, videos = item["key"], item["videos"]
+    def _plans(self, item: Mapping[str, Any]) -> list:
+        """The plans of one conversation's videos: made at encode time, else now."""
         if self.audio_in_video and not item.get("video_plans"):
             raise ProcessorMismatchError(
-                f"{self.family_name} ({self.name}): sample {key!r}: its videos come without the "
-                f"plans encode() made, and with audio_config['load_audio_from_video'] those "
-                f"carry each video's track (its length, its tokens' place in the ids); pass "
-                f"the encoding's video_plans"
+                f"{self.family_name} ({self.name}): sample {item['key']!r}: its videos come "
+                f"without the plans encode() made, and with audio_config"
+                f"['load_audio_from_video'] those carry each video's track (its length, its "
+                f"tokens' place in the ids); pass the encoding's video_plans"
             )
-        plans = list(item.get("video_plans") or [self.videos.plan(data) for data in videos])
-        clips = decode_once(self.videos.media, videos, plans)
+        return list(item.get("video_plans") or [self.videos.plan(data) for data in item["videos"]])
+
+    def _frame_slots(self, plans: Sequence[Any]) -> int:
+        """The tokens the model fills with vision features that these videos' frames hold
+        where they are image tiles (InternVL); 0 for the other families."""
+        if not plans or not self.video_style.frames_as_tiles:
+            return 0
+        return sum(self.images.slots_in(self._video_expansion(plan)) for plan in plans)
+
+    def _videos(self, item: Mapping[str, Any], plans: list) -> dict:
+        """The model inputs of one conversation's videos, decoded now; the ids must hold as
+        many video tokens as the plans expand to (InternVL's frames: :meth:`_tiles_in_order`)."""
+        key = item["key"]
+        clips = decode_once(self.videos.media, item["videos"], plans)
+        merged = {name: np.concatenate([c[name] for c in clips]) for name in clips[0]}
+        if self.video_style.frames_as_tiles:
+            return merged
         held = int(np.count_nonzero(np.asarray(item["input_ids"]) == self.video_token_id))
         need = sum(plan.tokens for plan in plans)
         if held != need:
@@ -714,7 +750,22 @@ class ProcessorChat:
                 f"{self.family_name} ({self.name}): sample {key!r}: the encoded ids hold {held} "
                 f"video tokens, its {len(plans)} video(s) expand to {need}"
             )
-        return plans, {name: np.concatenate([c[name] for c in clips]) for name in clips[0]}
+        return merged
+
+    def _tiles_in_order(self, item: Mapping[str, Any], media: dict, plans: list) -> dict:
+        """InternVL: :func:`.video_tiles.tiles_in_order` of one conversation."""
+        try:
+            return tiles_in_order(
+                media,
+                plans,
+                images=len(item["images"]),
+                input_ids=item["input_ids"],
+                processor=self.processor,
+            )
+        except ValueError as e:
+            raise ProcessorMismatchError(
+                f"{self.family_name} ({self.name}): sample {item['key']!r}: {e}"
+            ) from None
 
     def _source(self, item: Mapping[str, Any], media: dict, tokens: dict, videos: list) -> Source:
         input_ids = item["input_ids"]

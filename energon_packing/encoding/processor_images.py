@@ -86,12 +86,12 @@ class ImageSide:
         sizes: list[tuple[int, int]],
         videos: Sequence[str] = (),
         audios: Sequence[str] = (),
-    ) -> tuple[str, list, list]:
+    ) -> tuple[str, list, list, list[str]]:
         """``text`` with each image placeholder expanded from ``(height, width)`` sizes alone,
         each video placeholder by ``videos`` and each audio placeholder by ``audios`` (their
         expansions, from headers); ``shifts``: ``(end of the placeholder in text, characters
         it gained)`` per medium; ``spans``: each one's characters in the expanded text, markup
-        included."""
+        included; ``kinds``: each one's kind (``"image"``, ``"video"``, ``"audio"``)."""
         images = self.replacements(sizes) if sizes else []
         if self.public:
             # audio_replacements only where there is audio: older releases lack the keyword
@@ -120,7 +120,7 @@ class ImageSide:
             lead = len(before) if text[max(0, start - len(before)) : start] == before else 0
             trail = len(after) if text[end : end + len(after)] == after else 0
             spans.append((new_start - lead, new_end + trail))
-        return expanded, shifts, spans
+        return expanded, shifts, spans, [o.get("type", "image") for o in offsets]
 
     def _replaced(
         self, text: str, images: list[str], videos: list[str], audios: list[str]
@@ -166,10 +166,13 @@ class ImageSide:
             last = end
         return "".join([*pieces, text[last:]]), offsets
 
-    def media(self, *, key: str, images: Sequence[bytes], input_ids: Any, config: Any) -> dict:
+    def media(
+        self, *, key: str, images: Sequence[bytes], input_ids: Any, config: Any, other: int = 0
+    ) -> dict:
         """The image processor's model inputs for one conversation's images (decoded here),
         checked: its real outputs must expand each image as the size rule does, and the ids
-        (encoded from the headers' sizes) must hold as many image tokens as they expand to.
+        (encoded from the headers' sizes) must hold as many image tokens as they expand to
+        (``other``: the image tokens the conversation's videos hold: InternVL's frames).
 
         Raises:
             Skip: an image does not decode (a data skip).
@@ -179,22 +182,23 @@ class ImageSide:
             return {}
         decoded = self._decode(images, config)
         processed = self.processor.image_processor([decoded], **self.images_kwargs)
-        return self._checked(key, decoded, processed, input_ids)
+        return self._checked(key, decoded, processed, input_ids, other)
 
     def media_of_pack(
-        self, items: Sequence[tuple[str, Sequence[bytes], Any]], *, config: Any
+        self, items: Sequence[tuple[str, Sequence[bytes], Any, int]], *, config: Any
     ) -> list[dict | Exception]:
-        """:meth:`media` of each ``(key, images, input_ids)`` of one pack, or the exception that
-        conversation (it alone) fails with. Where the family's image processor takes each image
-        alone (``Family.image_rows``) the pack's images go through ONE call, whose outputs are
-        split per conversation into views of one array per field (the pack layout joins them
-        back without a copy): the same values as one call per conversation, at a fraction of
-        the per-call cost."""
+        """:meth:`media` of each ``(key, images, input_ids, other)`` of one pack, or the
+        exception that conversation (it alone) fails with. Where the family's image processor
+        takes each image alone (``Family.image_rows``) the pack's images go through ONE call,
+        whose outputs are split per conversation into views of one array per field (the pack
+        layout joins them back without a copy): the same values as one call per conversation,
+        at a fraction of the per-call cost. ``other``: the image tokens the conversation's
+        videos hold (InternVL's frames)."""
         if self.family.image_rows is None:
-            return [self._one(key, images, ids, config) for key, images, ids in items]
+            return [self._one(*item, config) for item in items]
         results: list[dict | Exception] = [{} for _ in items]
         decoded: dict[int, list] = {}
-        for n, (_, images, _) in enumerate(items):
+        for n, (_, images, _, _) in enumerate(items):
             if images:
                 try:
                     decoded[n] = self._decode(images, config)
@@ -225,16 +229,18 @@ class ImageSide:
                 part[name] = processed[name][cursor[name] : cursor[name] + length]
                 cursor[name] += length
             image += len(pictures)
-            key, _, ids = items[n]
+            key, _, ids, other = items[n]
             try:
-                results[n] = self._checked(key, pictures, part, ids)
+                results[n] = self._checked(key, pictures, part, ids, other)
             except Exception as e:  # ProcessorMismatchError: it alone
                 results[n] = e
         return results
 
-    def _one(self, key: str, images: Sequence[bytes], ids: Any, config: Any) -> dict | Exception:
+    def _one(
+        self, key: str, images: Sequence[bytes], ids: Any, other: int, config: Any
+    ) -> dict | Exception:
         try:
-            return self.media(key=key, images=images, input_ids=ids, config=config)
+            return self.media(key=key, images=images, input_ids=ids, config=config, other=other)
         except Exception as e:
             return e
 
@@ -249,17 +255,25 @@ class ImageSide:
             images,
         )
 
-    def _checked(self, key: str, decoded: list, processed: Any, input_ids: Any) -> dict:
-        """The model inputs the processor keeps of ``processed``, once they are checked."""
+    def slots_in(self, text: str) -> int:
+        """The tokens the model fills with vision features that ``text`` holds."""
+        return sum(text.count(t) for t in self._slot_tokens)
+
+    def _checked(
+        self, key: str, decoded: list, processed: Any, input_ids: Any, other: int = 0
+    ) -> dict:
+        """The model inputs the processor keeps of ``processed``, once they are checked
+        (``other``: the ids' image tokens that are not these images': InternVL's frames)."""
         sizes = [(image.height, image.width) for image in decoded]
         real = self.replacements(decoded, processed)
         predicted = self.replacements(sizes)
-        slots = sum(r.count(t) for r in real for t in self._slot_tokens)
+        slots = sum(self.slots_in(r) for r in real)
         ids = np.asarray(input_ids)
         if len(self._slot_ids) == 1:
             held = int(np.count_nonzero(ids == self._slot_ids[0]))
         else:
             held = int(np.count_nonzero(np.isin(ids, self._slot_ids)))
+        held -= other
         if real != predicted or slots != held:
             raise ProcessorMismatchError(
                 f"{self.family.name} ({type(self.processor).__name__}): sample {brief(key)} "

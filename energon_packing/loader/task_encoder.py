@@ -273,13 +273,16 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         if tower is None:
             return []
         images = getattr(encoding, "grids", None)  # the built-in layout's
-        if images is None and encoding.image_order and self.image_token_id is not None:
+        # InternVL's frames are image tiles: their runs of image tokens are theirs to price
+        tiles = [p for p in encoding.video_plans if p.style.frames_as_tiles]
+        if images is None and (encoding.image_order or tiles) and self.image_token_id is not None:
             images = grids_from_tokens(
                 encoding.input_ids,
                 token_id=self.image_token_id,
                 merge_size=tower.spatial_merge_size,
             )
-        return [*(tuple(g) for g in images or ()), *(tuple(p.grid) for p in encoding.video_plans)]
+        videos = [tuple(p.grid) for p in encoding.video_plans if not p.style.frames_as_tiles]
+        return [*(tuple(g) for g in images or ()), *videos]
 
     def select_samples_to_pack(self, samples: list[EncodedConversation]) -> list:
         """Groups the buffer with :func:`energon_packing.packing.select_packs`; every sample

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from energon_packing.media.video_rules import VideoRule
 
-__all__ = ["VideoError", "VideoHeader", "decode", "probe", "process"]
+__all__ = ["VideoError", "VideoHeader", "decode", "probe", "process", "process_tiles"]
 
 
 class VideoError(Skip):
@@ -196,3 +196,21 @@ def process(frames: np.ndarray, rule: VideoRule) -> tuple[torch.Tensor, tuple[in
     patches = video.reshape(1, t, tps, 3, h // merge, merge, p, w // merge, merge, p)
     patches = patches.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
     return patches.reshape(t * h * w, 3 * tps * p * p), (t, h, w)
+
+
+def process_tiles(frames: np.ndarray, rule: VideoRule) -> torch.Tensor:
+    """InternVL's ``pixel_values_videos`` of one video (float32 ``[T, 3, height, width]``, a
+    tile per frame) from uint8 ``[T, H, W, 3]`` frames: each resized to the rule's
+    ``frame_size`` (the kernel :func:`process` uses), then rescaled and normalised fused."""
+    import torch
+
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # T, C, H, W
+    size = list(rule.frame_size)
+    if size != list(video.shape[2:]):  # torchvision returns an image of that size as it is
+        video = torch.nn.functional.interpolate(
+            video, size=size, mode="bicubic", align_corners=False, antialias=True
+        )
+    mean = torch.tensor(rule.mean) * (1.0 / rule.rescale_factor)
+    std = torch.tensor(rule.std) * (1.0 / rule.rescale_factor)
+    video = video.to(torch.float32)
+    return video.sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))

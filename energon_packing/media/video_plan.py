@@ -46,6 +46,13 @@ class VideoPlan:
     #: ['load_audio_from_video']``): its samples at 16 kHz and its audio tokens (None: no track)
     audio_samples: int | None = None
     audio_tokens: int | None = None
+    #: InternVL (frames as tiles): context tokens per frame; ``grid`` is then (frames,
+    #: height, width), the frames and their size after the resize
+    tile_tokens: int = 0
+    #: InternVL: the images the conversation's text shows before this video (its frames
+    #: join theirs in the model's ``pixel_values`` in the text's order); set when the
+    #: conversation is encoded (None: not known)
+    images_before: int | None = None
 
     @property
     def frames(self) -> int:
@@ -54,7 +61,10 @@ class VideoPlan:
 
     @property
     def tokens(self) -> int:
-        """Video-pad tokens in the text (Qwen3's timestamps and markers come on top)."""
+        """Video-pad tokens in the text (Qwen3's timestamps and markers come on top;
+        InternVL: the frames' context tokens, its ``Frame{i}:`` and ``<img>`` markers on top)."""
+        if self.style.frames_as_tiles:
+            return len(self.indices) * self.tile_tokens
         t, h, w = self.grid
         return t * h * w // (self.merge_size * self.merge_size)
 
@@ -64,7 +74,13 @@ class VideoPlan:
         repeat it ``t*h*w/merge**2`` times; Qwen3 writes ``<{seconds:.1f} seconds>`` and one
         ``vision_start video_token*(h*w/merge**2) vision_end`` per temporal patch
         (transformers 5.10-5.24 keep the template's outer pair around them; before and since,
-        the release replaces the pair with them: ``hf_compat.qwen3_video_keeps_markup``)."""
+        the release replaces the pair with them: ``hf_compat.qwen3_video_keeps_markup``).
+        InternVL (frames as tiles; ``video_token`` its context token, ``vision_start`` /
+        ``vision_end`` its ``<img>`` / ``</img>``): ``Frame{i}: <img>...</img>`` per frame,
+        one a line."""
+        if self.style.frames_as_tiles:
+            tile = f"{vision_start}{video_token * self.tile_tokens}{vision_end}"
+            return "\n".join(f"Frame{i + 1}: {tile}" for i in range(len(self.indices)))
         t, h, w = self.grid
         per_patch = h * w // (self.merge_size * self.merge_size)
         if not self.style.timed_patches:

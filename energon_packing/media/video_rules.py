@@ -5,6 +5,7 @@ processors, and the Qwen Omni processors over Qwen2-VL's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ def _smart_resize_frames(
     return h_bar, w_bar
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True, frozen=True, repr=False)
 class VideoRule:
     """One family's video processor settings, and its rules over a :class:`VideoHeader`."""
 
@@ -88,6 +89,25 @@ class VideoRule:
     #: Not in the repr (the restore check's ``video_rule``, as older releases saved it): the
     #: family and ``video_config`` decide it
     grid_seconds: float | None = field(default=None, repr=False)
+    #: InternVL (``VideoStyle.frames_as_tiles``): each frame's (height, width) after its
+    #: resize, the video processor's ``size``; its sampling's first step starts
+    #: ``initial_shift`` frames in (True: half a step); context tokens per frame (the
+    #: processor's ``image_seq_length``). In the repr for such a family only (the restore
+    #: check's ``video_rule``, as the Qwen families' rules were saved before them)
+    frame_size: tuple[int, int] | None = field(default=None, repr=False)
+    initial_shift: bool | float = field(default=True, repr=False)
+    tile_tokens: int = field(default=0, repr=False)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
+        )
+        if self.style.frames_as_tiles:
+            shown += (
+                f", frame_size={self.frame_size!r}, initial_shift={self.initial_shift!r}, "
+                f"tile_tokens={self.tile_tokens!r}"
+            )
+        return f"VideoRule({shown})"
 
     @classmethod
     def of(
@@ -97,6 +117,7 @@ class VideoRule:
         *,
         overrides: Mapping[str, Any] | None = None,
         reads_call_cap: bool = False,
+        tile_tokens: int = 0,
     ) -> VideoRule:
         """``style``'s defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
@@ -105,7 +126,9 @@ class VideoRule:
         and state ``video_second_per_grid`` from the call's fps (``overrides``), else their
         default. ``reads_call_cap``: whether the video processor's pixel cap reads a call's
         ``max_video_tokens`` (transformers 5.25+); before, an Omni's ``video_config`` one that
-        differs from the video processor's own is refused (its call passes it, unread)."""
+        differs from the video processor's own is refused (its call passes it, unread).
+        ``tile_tokens``: a frames-as-tiles family's context tokens per frame (InternVL's
+        ``image_seq_length``)."""
         family = style.name
         values = dict(style.defaults)
         overrides = dict(overrides or {})
@@ -129,6 +152,20 @@ class VideoRule:
         size = get("size")
         if size is not None:
             size = dict(size) if isinstance(size, Mapping) else vars(size)
+        if size is not None and style.frames_as_tiles:  # a frame is resized to it, exactly
+            if not (size.get("height") and size.get("width")):
+                raise ValueError(
+                    f"{family}: video size {size}: frames are resized to a height and width "
+                    f"(the video processor's size={{'height': ..., 'width': ...}}); other "
+                    f"sizes are not supported"
+                )
+            values["frame_size"] = (int(size["height"]), int(size["width"]))
+        elif size is not None and (size.get("height") or size.get("width")):
+            raise ValueError(
+                f"{family}: video size {size}: {family}'s frames are sized by pixel bounds "
+                f"(size={{'shortest_edge': ..., 'longest_edge': ...}}), not to a height and width"
+            )
+        elif size is not None:
             values["min_pixels"] = size.get("shortest_edge") or values["min_pixels"]
             values["max_pixels"] = size.get("longest_edge") or values["max_pixels"]
         renames = dict(
@@ -147,6 +184,7 @@ class VideoRule:
             rescale_factor="rescale_factor",
             cap_pixels_per_frame="cap_pixels_per_frame",
             max_video_tokens="max_video_tokens",
+            initial_shift="initial_shift",
         )
         for ours, theirs in renames.items():
             value = get(theirs, _MISSING)
@@ -156,15 +194,29 @@ class VideoRule:
         for flag in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
             if get(flag) is False:
                 raise ValueError(f"{family}: {flag}=False is not supported for videos")
+        if get("do_center_crop"):
+            raise ValueError(f"{family}: do_center_crop=True is not supported for videos")
         resample = get("resample")
         resample = getattr(resample, "value", resample)
         resample = resample.get("value") if isinstance(resample, Mapping) else resample
         if resample is not None and resample != 3:  # PIL's BICUBIC
             raise ValueError(f"{family}: resample={resample!r}; videos are resized bicubic only")
-        if values["sample"] and values["fps"] is not None and values.get("num_frames") is not None:
+        if (
+            values["sample"]
+            and not style.frames_as_tiles  # InternVL's sampling takes num_frames first
+            and values["fps"] is not None
+            and values.get("num_frames") is not None
+        ):
             raise ValueError(
                 f"{family}: fps={values['fps']} and num_frames={values.get('num_frames')} are "
                 f"mutually exclusive (the processor refuses both); set one to None"
+            )
+        if style.frames_as_tiles:
+            values["tile_tokens"] = tile_tokens
+        elif "initial_shift" in overrides:
+            raise ValueError(
+                f"video_config['initial_shift'] is InternVL's sampling; {family}'s video "
+                f"processor has none: leave it out"
             )
         if (
             values["sample"]
@@ -201,6 +253,8 @@ class VideoRule:
             raise VideoError("video_empty", "the stream holds no frame")
         if not self.sample:
             return np.arange(total)
+        if self.style.frames_as_tiles:
+            return self._shifted(header)
         if self.style.timed_patches:
             count = self.num_frames
             if count is None and self.fps is not None:
@@ -226,8 +280,25 @@ class VideoRule:
 
         return torch.arange(0, total, total / count).int().numpy()
 
+    def _shifted(self, header: VideoHeader) -> np.ndarray:
+        """InternVL's ``sample_frames``: ``num_frames`` (or ``frames / fps x fps``) frames,
+        one a step of ``frames / count``, the first ``initial_shift`` in (True: half a step)."""
+        total, count = header.frames, self.num_frames
+        if count is None:
+            if not header.fps:
+                raise VideoError("video_no_fps", "sampling by fps needs the stream's frame rate")
+            count = int(total / header.fps * self.fps)
+        if count <= 0 or count > total:
+            raise VideoError("video_too_short", f"{total} frames cannot give {count} samples")
+        shift = total / count / 2 if self.initial_shift is True else float(self.initial_shift)
+        import torch  # its float arange, as the processor's; imported on first use
+
+        return torch.arange(shift, total, total / count).int().numpy()
+
     def size(self, frames: int, height: int, width: int) -> tuple[int, int]:
         """The resized frame size for ``frames`` sampled frames of ``height`` x ``width``."""
+        if self.frame_size is not None:
+            return self.frame_size
         max_pixels = self.max_pixels
         if self.style.timed_patches:
             if self.cap_pixels_per_frame:
@@ -257,6 +328,15 @@ class VideoRule:
         indices = tuple(int(i) for i in self.indices(header))
         frames = len(set(indices))  # each sampled frame decodes once
         height, width = self.size(frames, header.height, header.width)
+        if self.style.frames_as_tiles:  # no temporal patches: a frame is a tile
+            return VideoPlan(
+                style=self.style,
+                header=header,
+                indices=indices,
+                grid=(len(indices), height, width),
+                merge_size=1,
+                tile_tokens=self.tile_tokens,
+            )
         tps = self.temporal_patch_size
         sampled = len(indices) / header.frames * header.fps if header.fps else 24
         seconds = tps / sampled if self.grid_seconds is None else self.grid_seconds

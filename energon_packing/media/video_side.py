@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from energon_packing.media.video import VideoError, decode, probe, process
+from energon_packing.media.video import VideoError, decode, probe, process, process_tiles
 from energon_packing.media.video_plan import VideoPlan, time_offsets
 from energon_packing.media.video_rules import VideoRule
 
@@ -90,6 +90,15 @@ class VideoSide:
         """
         plan = plan if plan is not None else self.plan(data)
         frames = decode(data, plan.indices, max_pixels=self.max_pixels)
+        if self.rule.style.frames_as_tiles:  # InternVL: a tile per frame, no grid field
+            tiles = process_tiles(frames, self.rule)
+            if len(tiles) != len(plan.indices):
+                raise VideoError(
+                    "video_corrupt",
+                    f"its header ({plan.header.frames} frames) gives {len(plan.indices)} "
+                    f"sampled frames, {len(tiles)} decoded",
+                )
+            return {"pixel_values_videos": tiles.numpy()}
         pixels, grid = process(frames, self.rule)
         if grid != plan.grid:
             raise VideoError(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "INTERNVL",
     "QWEN2_5_OMNI",
     "QWEN2_5_VL",
     "QWEN2_VL",
@@ -48,6 +49,11 @@ class VideoStyle:
             temporal positions are its patches' times (``position_id_per_seconds``).
         whole_offsets: Qwen3-Omni keeps those times as float positions: they must be whole
             numbers to sit in a pack's integer ``position_ids``.
+        frames_as_tiles: InternVL: each sampled frame is resized to the video processor's
+            ``size`` (height x width) and is one tile of the image path: ``Frame{i}:`` and one
+            ``<img>`` block of ``image_seq_length`` context tokens each in the text, its pixels
+            in the model's ``pixel_values`` beside the images' tiles, in the text's order (no
+            temporal patches, no grid field).
     """
 
     name: str
@@ -57,6 +63,7 @@ class VideoStyle:
     scaled_seconds: bool = False
     processor_size: Mapping[str, Any] | None = None
     whole_offsets: bool = False
+    frames_as_tiles: bool = False
 
     def __repr__(self) -> str:
         return f"VideoStyle({self.name})"
@@ -112,4 +119,23 @@ QWEN3_OMNI = VideoStyle(
     fields=(*_GRID, "video_second_per_grid"),
     processor_size=dict(min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, fps=1.0),
     whole_offsets=True,
+)
+# InternVLVideoProcessor: every frame (do_sample_frames off), each resized to 384 x 384;
+# sampling by fps or num_frames starts half a step in (initial_shift)
+INTERNVL = VideoStyle(
+    name="internvl",
+    defaults=dict(
+        sample=False,
+        fps=None,
+        frame_size=(384, 384),
+        initial_shift=True,
+        mean=_OPENAI_CLIP[0],
+        std=_OPENAI_CLIP[1],
+        # Qwen's pixel bounds and patches: not read where frames are tiles
+        min_pixels=0,
+        max_pixels=0,
+        patch_size=1,
+    ),
+    fields=("pixel_values",),
+    frames_as_tiles=True,
 )

@@ -446,8 +446,15 @@ def _internvl(model: bool) -> tuple[Any, Any, dict]:
         ),
         tokenizer=tokenizer,
         image_seq_length=4,
-        chat_template=chatml_interleaved("<IMG_CONTEXT>"),
+        chat_template=chatml_interleaved("<IMG_CONTEXT>", video="<video>"),
     )
+    # its video processor's settings (the class needs torchvision), a frame one tile: as
+    # load_processor reads them from a directory's video_preprocessor_config.json
+    processor.video_settings = {
+        "size": {"height": side, "width": side},
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+    }
     config = InternVLConfig(
         vision_config=dict(
             hidden_size=32,

@@ -1,12 +1,13 @@
-"""The Qwen video families' processors with their real video processors (torchvision).
+"""The video families' processors with their real video processors (torchvision).
 
 :func:`energon_packing.testing.families.build` builds the Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen2.5-Omni and Qwen3-Omni processors without a video processor (transformers' video
-processor classes need torchvision). Where torchvision imports, :func:`with_video_processor`
-builds the family's processor class as ``from_pretrained`` builds it: the same image processor,
-feature extractor, tokenizer and chat template, and the video processor class transformers'
-auto table gives the family (``Qwen2VLVideoProcessor``; Qwen3-VL's ``Qwen3VLVideoProcessor``)
-from a checkpoint's video processor settings.
+Qwen2.5-Omni, Qwen3-Omni and InternVL processors without a video processor (transformers'
+video processor classes need torchvision). Where torchvision imports,
+:func:`with_video_processor` builds the family's processor class as ``from_pretrained`` builds
+it: the same image processor, feature extractor, tokenizer and chat template, and the video
+processor class transformers' auto table gives the family (``Qwen2VLVideoProcessor``;
+Qwen3-VL's ``Qwen3VLVideoProcessor``; ``InternVLVideoProcessor``) from a checkpoint's video
+processor settings.
 
 One accommodation: transformers 5.24's ``BaseVideoProcessor.fetch_videos`` decodes with
 torchcodec, else torchvision's removed video API, and takes no backend. The video processor
@@ -28,6 +29,7 @@ VIDEO_FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
     "qwen2_5_omni": ("Qwen2_5OmniProcessor", "Qwen2VLVideoProcessor"),
     "qwen3_omni": ("Qwen3OmniMoeProcessor", "Qwen2VLVideoProcessor"),
+    "internvl": ("InternVLProcessor", "InternVLVideoProcessor"),
 }
 
 
@@ -70,6 +72,8 @@ def with_video_processor(family: str, processor: Any, settings: dict | None = No
     )
     if getattr(processor, "feature_extractor", None) is not None:
         parts["feature_extractor"] = processor.feature_extractor
+    if hasattr(processor, "image_seq_length"):  # InternVL's tokens per tile
+        parts["image_seq_length"] = processor.image_seq_length
     built = getattr(transformers, processor_name)(**parts)
     built.model_info = getattr(processor, "model_info", None)
     return built

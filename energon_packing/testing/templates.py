@@ -307,15 +307,18 @@ GLM4V_TEMPLATE = (
 )
 
 
-def chatml_interleaved(image: str) -> str:
+def chatml_interleaved(image: str, *, video: str | None = None) -> str:
     """ChatML with each image part written in place as ``image`` (the placeholder its processor
     expands), for the families whose published templates interleave it so (InternVL's
-    ``<IMG_CONTEXT>``, LLaVA-NeXT's and Aya Vision's ``<image>``)."""
+    ``<IMG_CONTEXT>``, LLaVA-NeXT's and Aya Vision's ``<image>``); each video part as
+    ``video`` where given (InternVL's ``<video>``)."""
+    videos = "{% elif part['type'] == 'video' %}{{ '" + video + "\\n' }}" if video else ""
     return (
         "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}"
         "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
         "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
-        "{{ '" + image + "\\n' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{{ '" + image + "\\n' }}" + videos + "{% elif part['type'] == 'text' %}"
+        "{{ part['text'] }}{% endif %}"
         "{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
