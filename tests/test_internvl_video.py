@@ -276,8 +276,10 @@ def test_a_frame_rule_samples_as_internvl_does():
 
 
 def test_internvl_video_settings_are_refused_where_they_mean_nothing():
-    """A Qwen size (pixel bounds) for InternVL, a height and width or ``initial_shift`` for a
-    Qwen family: refused, naming the family; a bad ``initial_shift`` at config time."""
+    """A Qwen size (pixel bounds) or Qwen-only sampling caps for InternVL, a height and width
+    or ``initial_shift`` for a Qwen family: refused, naming the family; a bad
+    ``initial_shift`` at config time, one past the clip's last frame when it is planned (the
+    processor's arange fails there)."""
     with pytest.raises(ValueError, match="resized to a height and width"):
         video_rules.VideoRule.of(video_styles.INTERNVL, {"size": {"shortest_edge": 3136}})
     with pytest.raises(ValueError, match="qwen2_vl's frames are sized by pixel bounds"):
@@ -290,6 +292,23 @@ def test_internvl_video_settings_are_refused_where_they_mean_nothing():
         PackingTaskEncoder(max_input_seq_length=64, video_config={"initial_shift": -1})
     with pytest.raises(ValueError, match="do_center_crop=True is not supported"):
         video_rules.VideoRule.of(video_styles.INTERNVL, {"do_center_crop": True})
+    video_rules.VideoRule.of(video_styles.QWEN2_VL, {"do_center_crop": True})  # Qwen ignores it
+    with pytest.raises(ValueError, match=r"\['max_frames', 'max_pixels'\]: internvl's video pro"):
+        video_rules.VideoRule.of(
+            video_styles.INTERNVL, None, overrides={"max_frames": 2, "max_pixels": 10}
+        )
+    # a checkpoint's own (ignored) Qwen settings load, as the processor ignores them
+    assert video_rules.VideoRule.of(video_styles.INTERNVL, {"max_frames": 2}).sample is False
+    header = video.VideoHeader(frames=4, fps=30.0, width=64, height=64)
+    shifted = {"do_sample_frames": True, "num_frames": 1}
+    with pytest.raises(video.VideoError, match="4 frames: sampling starts at frame 7"):
+        video_rules.VideoRule.of(
+            video_styles.INTERNVL, None, overrides={**shifted, "initial_shift": 7}
+        ).plan(header)
+    with pytest.raises(video.VideoError, match="sampling starts at frame 4"):
+        video_rules.VideoRule.of(
+            video_styles.INTERNVL, None, overrides={**shifted, "initial_shift": 4}
+        ).plan(header)
 
 
 def test_tiles_join_in_the_texts_order_and_a_missing_order_is_refused():
@@ -360,3 +379,41 @@ def test_a_checkpoints_video_settings_are_read_from_its_directory(tmp_path):
     ).chat.videos
     plan = sampled.plan((DATA / "h264_48x36_10fps_2s.mp4").read_bytes())
     assert plan.indices == (3, 10, 16) and plan.grid == (3, 448, 448)  # 20 frames / 3
+
+
+@pytest.mark.processor_media
+def test_a_packs_tiles_and_frames_are_priced_by_hand():
+    """Balanced emission prices InternVL's tower over every tile of a pack, its images' and
+    its videos' frames alike, at selection (from the ids) as at emission: each tile of the
+    tiny InternViT (1 layer, width 32, MLP 64, 4 x 4 patches of 7 px and a class token,
+    pixel-shuffled 2 x 2 into a 128 -> 64 -> 64 projector) by hand, forward and backward."""
+    from helpers import conversation_sample
+
+    from energon_packing.encoding.costs import step_cost_model
+
+    processor, model, _ = build("internvl")
+    te = PackingTaskEncoder(
+        processor=processor,
+        max_input_seq_length=1024,
+        video_config={"do_sample_frames": True, "num_frames": 3},
+    )
+    te.cost_model = step_cost_model(model.config)
+    encoded = [
+        te.encode_sample(conversation_sample(key, document, parts))
+        for key, (document, parts) in BY_KEY.items()
+        if key in ("image_video_image", "video_alone", "text_only")
+    ]
+    pack = te.pack_selected_samples(encoded).pack
+    tiles = len(pack.media["pixel_values"])
+    assert tiles == 8 + 3 + 3  # the images' crops and thumbnails, two videos of 3 frames
+    d, f, patches, out = 32, 64, 16, 64
+    per_tile = (
+        2 * patches * 3 * 7 * 7 * d  # patch embedding
+        + 2 * (patches + 1) * (4 * d * d + 2 * d * f)  # the layer's linear parts, class token
+        + 4 * d * (patches + 1) ** 2  # its attention within the tile
+        + 2 * (patches // 4) * (4 * d * out + out * out)  # the projector per token
+    )
+    hand = 3 * per_tile * tiles
+    assert te.emitted_cost(pack).vision == hand
+    lengths = [s.length for s in encoded]
+    assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=1024) == hand

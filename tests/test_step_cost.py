@@ -479,13 +479,14 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
     assert f"audio {audio / packs / 1e12:,.1f} " in line, line
 
 
-@pytest.mark.parametrize("family", ["kimi_k25", "llama4"])
+@pytest.mark.parametrize("family", ["kimi_k25", "llama4", "internvl"])
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
-    """Kimi-K2.5's MoonViT and Llama 4's tile encoder (towers whose configs name their fields
-    otherwise than Qwen-VL's), run on images of several grids: their matrix products and
-    convolutions as torch's ``FlopCounterMode`` counts them in the encoder, its merger or
-    pixel-shuffle MLP and the projector equal
-    :meth:`VisionTower.grid_flops` of the grids their tokens imply, exactly."""
+    """Kimi-K2.5's MoonViT, Llama 4's tile encoder and InternVL's InternViT (towers whose
+    configs name their fields otherwise than Qwen-VL's), run on images of several grids or
+    tiles: their matrix products and convolutions as torch's ``FlopCounterMode`` counts them
+    in the encoder, its merger or pixel-shuffle MLP and the projector equal
+    :meth:`VisionTower.grid_flops` of the grids their tokens imply, exactly (InternVL: an
+    image's one run of tokens cut into its tiles; a video's frames a run each)."""
     transformers = pytest.importorskip("transformers")
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -506,6 +507,20 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
             pixels = torch.randn(h * w, 3, 14, 14)
             thw = torch.tensor([[1, h, w]])
             return model.model.get_image_features(pixels, thw), h * w // 4
+    elif family == "internvl":
+        from energon_packing.testing.families import build
+
+        model = build("internvl")[1]
+        model.set_attn_implementation("eager")  # attention as matmuls, which torch counts
+        config = model.config
+        cases = [1, 3, 5]  # tiles of 28 px: 4 x 4 patches of 7 px, 4 tokens each
+
+        def run(tiles):  # the tower, the pixel shuffle and the projector
+            pixels = torch.randn(tiles, 3, 28, 28)
+            found = model.model.get_image_features(
+                pixels, vision_feature_layer=-1, vision_feature_select_strategy="default"
+            )
+            return found, tiles * 4
     else:
         from energon_packing.testing.families_llama4 import tiny_config
 
@@ -526,6 +541,10 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
         if family == "llama4":  # each tile its own run of <|patch|>, separators between
             for _ in range(case):
                 ids += [63] * 144 + [5]
-        grids = grids_from_tokens(ids, token_id=63, merge_size=tower.spatial_merge_size)
+        if family == "internvl":  # an image's tiles one run, a frame a run: the same cost
+            ids = [1] + [63] * tokens + [2] if case != 5 else [1, 63, 63, 63, 63, 2, 9] * 5
+        grids = grids_from_tokens(
+            ids, token_id=63, merge_size=tower.spatial_merge_size, tile_tokens=tower.tile_tokens
+        )
         modelled = sum(tower.grid_flops(g) for g in grids)
         assert counter.get_total_flops() == modelled, (family, case, grids)

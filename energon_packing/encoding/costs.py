@@ -11,8 +11,8 @@ or the dict of one)::
 The packing core stays pure: it receives the sizes, never a config. Vision towers are read
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
-MoonViT and Llama 4's tiles (an image's grids then as its tokens imply them); another family's
-encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
+MoonViT, and Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
+InternVL's videos' frames a tile each); another family's encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
 
@@ -92,13 +92,14 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     kind = str(model_type or raw.get("model_type") or vision.get("model_type") or "")
     own = _OWN_TOWERS.get(kind)
     if own is not None:  # a family whose tower reads other fields
-        return own(vision, out=_int(text_config(raw, holding="hidden_size").get("hidden_size")))
+        out = _int(text_config(raw, holding="hidden_size").get("hidden_size"))
+        return own(vision, out=out, top=raw)
     merge = _int(vision.get("spatial_merge_size"))
     depth = _int(vision.get("depth"))
     if not merge or not depth:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
-            "fields, Kimi-K2.5's and Llama 4's); balancing counts the decoder alone",
+            "fields, Kimi-K2.5's, Llama 4's and InternVL's); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -138,7 +139,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     )
 
 
-def _kimi_tower(vision: Mapping, *, out: int | None) -> VisionTower:
+def _kimi_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
     """Kimi-K2.5's MoonViT: Qwen2-VL's shape (a patch a token, attention within each image,
     a 2 x 2 merger into the decoder's width), its fields named otherwise; an image's patch
     embedding reads one frame."""
@@ -154,7 +155,7 @@ def _kimi_tower(vision: Mapping, *, out: int | None) -> VisionTower:
     )
 
 
-def _llama4_tower(vision: Mapping, *, out: int | None) -> VisionTower:
+def _llama4_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
     """Llama 4's vision encoder, over each tile alone (a class token beside its patches),
     pixel-shuffled by ``pixel_shuffle_ratio`` (0.5: 2 x 2 patches a token), then its MLP
     (``intermediate_size`` to ``projector_input_dim``, ``projector_output_dim`` square) and the
@@ -180,11 +181,35 @@ def _llama4_tower(vision: Mapping, *, out: int | None) -> VisionTower:
     )
 
 
+def _internvl_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
+    """InternVL's InternViT, over each tile alone (a class token beside its ``image_size /
+    patch_size`` squared patches, the last layer's class token dropped after), pixel-shuffled
+    by the model's ``downsample_ratio`` (0.5: 2 x 2 patches a token), then the projector
+    (``hidden_size * 4`` to the decoder's width, then square)."""
+    width = int(vision.get("hidden_size", 1024))
+    patch = _int(vision.get("patch_size")) or 14
+    merge = round(1 / float(top.get("downsample_ratio", 0.5)))
+    out = out or width
+    return VisionTower(
+        depth=int(vision.get("num_hidden_layers", 24)),
+        hidden_size=width,
+        intermediate_size=int(vision.get("intermediate_size", 4096)),
+        out_hidden_size=out,
+        patch_size=patch,
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        class_tokens=1,
+        head=((width * merge * merge, out), (out, out)),
+        tile_size=(_int(vision.get("image_size")) or 448) // patch,
+    )
+
+
 #: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
-_OWN_TOWERS = {"kimi_k25": _kimi_tower, "llama4": _llama4_tower}
-#: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles) read
-#: from their image tokens, one run a tile, at emission as at selection.
-TILES_FROM_TOKENS = frozenset({"llama4"})
+_OWN_TOWERS = {"kimi_k25": _kimi_tower, "llama4": _llama4_tower, "internvl": _internvl_tower}
+#: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
+#: InternVL's tiles and frames) read from their image tokens at emission as at selection: a
+#: run a tile, or (InternVL) a run cut into tiles of ``VisionTower.tile_tokens``.
+TILES_FROM_TOKENS = frozenset({"llama4", "internvl"})
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
 _AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
@@ -324,12 +349,13 @@ def cost_model_for(
 
 
 def grids_from_tokens(
-    input_ids: Sequence[int] | Any, *, token_id: int, merge_size: int
+    input_ids: Sequence[int] | Any, *, token_id: int, merge_size: int, tile_tokens: int = 0
 ) -> list[Grid]:
     """Each image's grid as its tokens imply it: one run of ``token_id`` of ``n`` tokens is
     ``n * merge_size**2`` patches in one slice (exact for the patch count, hence for linear
     layers and full attention); its shape, which only windowed attention reads, is taken as
-    the most nearly square ``a x b = n`` merged tokens."""
+    the most nearly square ``a x b = n`` merged tokens. ``tile_tokens``: a run is that many
+    tokens a tile, each tile a grid of its own (InternVL: tiles are encoded apart)."""
     import numpy as np
 
     ids = np.asarray(input_ids)
@@ -339,8 +365,13 @@ def grids_from_tokens(
     breaks = np.flatnonzero(np.diff(hits) != 1)
     starts = np.concatenate(([0], breaks + 1))
     ends = np.concatenate((breaks + 1, [len(hits)]))
+    runs = (ends - starts).tolist()
+    if tile_tokens:
+        runs = [tile_tokens for n in runs for _ in range(n // tile_tokens)] + [
+            n % tile_tokens for n in runs if n % tile_tokens
+        ]
     grids = []
-    for n in (ends - starts).tolist():
+    for n in runs:
         a = next(d for d in range(math.isqrt(n), 0, -1) if n % d == 0)
         grids.append((1, a * merge_size, n // a * merge_size))
     return grids

@@ -208,7 +208,14 @@ class ProcessorChat:
         protected = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         protected |= {
             getattr(processor, name, None) or ""
-            for name in ("image_token", "boi_token", "video_token", "audio_token")
+            for name in (
+                "image_token",
+                "boi_token",
+                "video_token",
+                "audio_token",
+                "start_image_token",  # InternVL's <img> / </img>: they delimit its tiles
+                "end_image_token",
+            )
         }
         ordered = sorted((t for t in protected if len(t) > 1), key=len, reverse=True)
         self._protected = re.compile("|".join(map(re.escape, ordered))) if ordered else None

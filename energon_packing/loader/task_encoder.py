@@ -280,6 +280,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 encoding.input_ids,
                 token_id=self.image_token_id,
                 merge_size=tower.spatial_merge_size,
+                tile_tokens=tower.tile_tokens,
             )
         videos = [tuple(p.grid) for p in encoding.video_plans if not p.style.frames_as_tiles]
         return [*(tuple(g) for g in images or ()), *videos]
@@ -334,8 +335,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
 
     def emitted_cost(self, pack: Pack) -> PackCost:
         """A laid-out pack's modelled cost by component, from its own ``cu_seqlens`` and media
-        grids (``image_grid_thw``, ``video_grid_thw``; Llama 4's tiles, which it carries none
-        of, as its image tokens imply them: ``costs.TILES_FROM_TOKENS``)."""
+        grids (``image_grid_thw``, ``video_grid_thw``; Llama 4's and InternVL's tiles, which
+        they carry none of, as their image tokens imply them: ``costs.TILES_FROM_TOKENS``)."""
         bounds = pack.cu_seqlens.tolist()
         grids = [
             row
@@ -346,7 +347,10 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         tower = self.cost_model.vision
         if tower is not None and self.chat.family_name in TILES_FROM_TOKENS:
             grids += grids_from_tokens(
-                pack.input_ids, token_id=self.image_token_id, merge_size=tower.spatial_merge_size
+                pack.input_ids,
+                token_id=self.image_token_id,
+                merge_size=tower.spatial_merge_size,
+                tile_tokens=tower.tile_tokens,
             )
         mask = pack.media.get("feature_attention_mask")  # a clip's mel frames: its mask's
         frames = (

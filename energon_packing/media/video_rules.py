@@ -194,8 +194,16 @@ class VideoRule:
         for flag in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
             if get(flag) is False:
                 raise ValueError(f"{family}: {flag}=False is not supported for videos")
-        if get("do_center_crop"):
+        if style.frames_as_tiles and get("do_center_crop"):  # Qwen's processors ignore it
             raise ValueError(f"{family}: do_center_crop=True is not supported for videos")
+        unread = sorted(set(overrides) & set(_QWEN_ONLY)) if style.frames_as_tiles else []
+        if unread:
+            raise ValueError(
+                f"video_config {unread}: {family}'s video processor reads none of them (it "
+                f"keeps every frame, or samples num_frames / fps, each resized to size's "
+                f"height and width); cap a video with the encoder's own knobs, "
+                f"max_video_frames and max_video_tokens"
+            )
         resample = get("resample")
         resample = getattr(resample, "value", resample)
         resample = resample.get("value") if isinstance(resample, Mapping) else resample
@@ -291,6 +299,11 @@ class VideoRule:
         if count <= 0 or count > total:
             raise VideoError("video_too_short", f"{total} frames cannot give {count} samples")
         shift = total / count / 2 if self.initial_shift is True else float(self.initial_shift)
+        if shift >= total:  # the processor's arange fails so
+            raise VideoError(
+                "video_too_short",
+                f"{total} frames: sampling starts at frame {shift:g} (initial_shift)",
+            )
         import torch  # its float arange, as the processor's; imported on first use
 
         return torch.arange(shift, total, total / count).int().numpy()
@@ -373,3 +386,12 @@ class VideoRule:
 
 #: the names that bound a frame's pixels (an Omni processor's own ``size`` passes over them)
 _PIXEL_BOUNDS = ("size", "min_pixels", "max_pixels")
+#: ``video_config`` names only the Qwen video processors read (InternVL's refuses them)
+_QWEN_ONLY = (
+    "min_frames",
+    "max_frames",
+    "min_pixels",
+    "max_pixels",
+    "cap_pixels_per_frame",
+    "max_video_tokens",
+)

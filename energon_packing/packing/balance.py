@@ -96,6 +96,9 @@ class VisionTower:
         head: The ``(in, out)`` linear layers each merged token passes through after the
             encoder, where they are not the merger above (Llama 4: its pixel-shuffle MLP and
             projector); they then replace the mergers.
+        tile_size: Patches a side of the fixed tile every image is cut into and encoded
+            alone (InternVL's 448 px tiles: 32; 0: an image is encoded whole). A run of
+            image tokens is then as many tiles as it holds :attr:`tile_tokens`.
     """
 
     depth: int
@@ -112,12 +115,13 @@ class VisionTower:
     mergers: int = 1
     class_tokens: int = 0
     head: tuple[tuple[int, int], ...] = ()
+    tile_size: int = 0
 
     def __post_init__(self) -> None:
         _positive(self, "depth", "hidden_size", "intermediate_size", "out_hidden_size")
         _positive(self, "patch_size", "temporal_patch_size", "spatial_merge_size", "in_channels")
         _positive(self, "mergers")
-        _positive(self, "window_size", "class_tokens", least=0)
+        _positive(self, "window_size", "class_tokens", "tile_size", least=0)
         if any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for io in self.head for n in io
         ):
@@ -128,6 +132,11 @@ class VisionTower:
                 f"full_attention_layers {bad} are not layers of a {self.depth}-layer encoder "
                 f"(0..{self.depth - 1})"
             )
+
+    @property
+    def tile_tokens(self) -> int:
+        """LLM tokens of one fixed tile (0: no fixed tiles)."""
+        return (self.tile_size // self.spatial_merge_size) ** 2
 
     @property
     def windowed_layers(self) -> int:
