@@ -4,6 +4,7 @@ emission over an image-heavy mix at 32 ranks within the issue's targets."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import numpy as np
@@ -263,6 +264,34 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     )
 
 
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava"])
+@pytest.mark.processor_media
+def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(family):
+    """Through the family's processor and the real pack layout: each image is one square
+    through the tower (3 x its forward, backward included), at selection (from the encoded
+    ids) as at emission (from the laid-out pack's ids)."""
+    pytest.importorskip("transformers")
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.encoding import hf_compat
+    from energon_packing.testing.families import build
+
+    if hf_compat.broken_forward(family):  # PaliGemma on 5.9-5.23: refused (test_paligemma)
+        pytest.skip(f"refused here: {hf_compat.broken_forward(family)}")
+    processor, model, _ = build(family)
+    config = copy.deepcopy(model.config)
+    config.vision_config.vision_use_head = False  # as published checkpoints run SigLIP
+    te = PackingTaskEncoder(processor=processor, max_input_seq_length=2048)
+    te.cost_model = step_cost_model(config)
+    tower = te.cost_model.vision
+    encoded = [te.encode_sample(_pictured(k, 40 + 8 * n, 30)) for n, k in enumerate("abc")]
+    pack = te.pack_selected_samples(encoded).pack
+    side = tower.tile_size
+    hand = 3 * 3 * tower.grid_flops((1, side, side))
+    assert te.emitted_cost(pack).vision == hand
+    lengths = [s.length for s in encoded]
+    assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=2048) == hand
+
+
 # ---- the audio encoder ------------------------------------------------------------------------
 
 
@@ -479,14 +508,18 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
     assert f"audio {audio / packs / 1e12:,.1f} " in line, line
 
 
-@pytest.mark.parametrize("family", ["kimi_k25", "llama4", "internvl"])
+@pytest.mark.parametrize(
+    "family", ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava"]
+)
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
     """Kimi-K2.5's MoonViT, Llama 4's tile encoder and InternVL's InternViT (towers whose
     configs name their fields otherwise than Qwen-VL's), run on images of several grids or
     tiles: their matrix products and convolutions as torch's ``FlopCounterMode`` counts them
     in the encoder, its merger or pixel-shuffle MLP and the projector equal
     :meth:`VisionTower.grid_flops` of the grids their tokens imply, exactly (InternVL: an
-    image's one run of tokens cut into its tiles; a video's frames a run each)."""
+    image's one run of tokens cut into its tiles; a video's frames a run each). Gemma 3's,
+    PaliGemma's and LLaVA's SigLIP over their fixed squares likewise, without SigLIP's pooling
+    head (as published checkpoints run it: ``vision_use_head`` off)."""
     transformers = pytest.importorskip("transformers")
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -521,6 +554,27 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 pixels, vision_feature_layer=-1, vision_feature_select_strategy="default"
             )
             return found, tiles * 4
+    elif family in ("gemma3", "paligemma", "llava"):
+        from energon_packing.testing.families import build
+
+        config = copy.deepcopy(build(family)[1].config)
+        config.vision_config.vision_use_head = False
+        torch.manual_seed(0)
+        model = getattr(transformers, type(build(family)[1]).__name__)(config).eval()
+        model.set_attn_implementation("eager")
+        side = config.vision_config.image_size
+        cases = [1, 2]  # images, each one square
+        per_image = step_cost_model(config).vision.tile_tokens
+        kwargs = {}
+        if family == "llava":
+            kwargs = dict(
+                vision_feature_layer=config.vision_feature_layer,
+                vision_feature_select_strategy=config.vision_feature_select_strategy,
+            )
+
+        def run(images):
+            pixels = torch.randn(images, 3, side, side)
+            return model.model.get_image_features(pixels, **kwargs), images * per_image
     else:
         from energon_packing.testing.families_llama4 import tiny_config
 
@@ -543,6 +597,8 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 ids += [63] * 144 + [5]
         if family == "internvl":  # an image's tiles one run, a frame a run: the same cost
             ids = [1] + [63] * tokens + [2] if case != 5 else [1, 63, 63, 63, 63, 2, 9] * 5
+        if family in ("gemma3", "paligemma", "llava"):  # a run an image
+            ids = ([1] + [63] * (tokens // case) + [2]) * case
         grids = grids_from_tokens(
             ids, token_id=63, merge_size=tower.spatial_merge_size, tile_tokens=tower.tile_tokens
         )

@@ -11,8 +11,9 @@ or the dict of one)::
 The packing core stays pure: it receives the sizes, never a config. Vision towers are read
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
-MoonViT, and Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
-InternVL's videos' frames a tile each); another family's encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
+MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
+InternVL's videos' frames a tile each) and the fixed squares of Gemma 3, PaliGemma and LLaVA
+(CLIP or SigLIP); another family's encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
 
@@ -84,7 +85,7 @@ def _int(value: Any) -> int | None:
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
-    or a family's own rule (Kimi-K2.5, Llama 4)."""
+    or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Gemma 3, PaliGemma, LLaVA)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -99,7 +100,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     if not merge or not depth:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
-            "fields, Kimi-K2.5's, Llama 4's and InternVL's); balancing counts the decoder alone",
+            "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Gemma 3, PaliGemma, "
+            "LLaVA); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -204,12 +206,87 @@ def _internvl_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Vision
     )
 
 
+def _fixed_tile(
+    vision: Mapping, *, merge: int, head: tuple[tuple[int, int], ...], out: int
+) -> VisionTower | None:
+    """A CLIP or SigLIP encoder over one fixed ``image_size`` square (a class token beside
+    the patches for CLIP), ``merge x merge`` patches a token, then ``head``; None (logged)
+    for another encoder, or a SigLIP whose pooling head runs beside it (``vision_use_head``:
+    published Gemma 3 and PaliGemma checkpoints turn it off)."""
+    kind = str(vision.get("model_type") or "")
+    clip = kind.startswith("clip")
+    if not (clip or kind.startswith("siglip")) or (
+        not clip and vision.get("vision_use_head", True) is not False
+    ):
+        logger.info(
+            "vision encoder %r (vision_use_head %s) is not priced (priced: CLIP, SigLIP "
+            "without its pooling head); balancing counts the decoder alone",
+            kind,
+            vision.get("vision_use_head"),
+        )
+        return None
+    width = int(vision.get("hidden_size", 768))
+    patch = _int(vision.get("patch_size")) or 14
+    return VisionTower(
+        depth=int(vision.get("num_hidden_layers", 12)),
+        hidden_size=width,
+        intermediate_size=int(vision.get("intermediate_size", 3072)),
+        out_hidden_size=out,
+        patch_size=patch,
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        class_tokens=1 if clip else 0,
+        head=head,
+        tile_size=(_int(vision.get("image_size")) or 224) // patch,
+    )
+
+
+def _gemma3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
+    """Gemma 3's SigLIP over its 896 px square, average-pooled to ``mm_tokens_per_image``
+    (4 x 4 patches a token), then projected into the decoder's width."""
+    width = int(vision.get("hidden_size", 1152))
+    side = (_int(vision.get("image_size")) or 896) // (_int(vision.get("patch_size")) or 14)
+    merge = side // math.isqrt(int(top.get("mm_tokens_per_image", 256)))
+    out = out or width
+    return _fixed_tile(vision, merge=merge, head=((width, out),), out=out)
+
+
+def _paligemma_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
+    """PaliGemma's SigLIP, a patch a token, then one linear layer to ``projection_dim``."""
+    width = int(vision.get("hidden_size", 1152))
+    projected = _int(vision.get("projection_dim")) or out or width
+    return _fixed_tile(vision, merge=1, head=((width, projected),), out=projected)
+
+
+def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
+    """LLaVA's CLIP (or SigLIP), a patch a token (the class token dropped, ``default``), its
+    selected layers concatenated into the two-layer projector."""
+    width = int(vision.get("hidden_size", 1024))
+    layers = top.get("vision_feature_layer", -2)
+    count = len(layers) if isinstance(layers, (list, tuple)) else 1
+    if top.get("vision_feature_select_strategy") == "full" and str(
+        vision.get("model_type", "")
+    ).startswith("clip"):
+        logger.info("LLaVA keeping CLIP's class token ('full') is not priced")
+        return None
+    out = out or width
+    return _fixed_tile(vision, merge=1, head=((width * count, out), (out, out)), out=out)
+
+
 #: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
-_OWN_TOWERS = {"kimi_k25": _kimi_tower, "llama4": _llama4_tower, "internvl": _internvl_tower}
+_OWN_TOWERS = {
+    "kimi_k25": _kimi_tower,
+    "llama4": _llama4_tower,
+    "internvl": _internvl_tower,
+    "gemma3": _gemma3_tower,
+    "paligemma": _paligemma_tower,
+    "llava": _llava_tower,
+}
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
-#: InternVL's tiles and frames) read from their image tokens at emission as at selection: a
-#: run a tile, or (InternVL) a run cut into tiles of ``VisionTower.tile_tokens``.
-TILES_FROM_TOKENS = frozenset({"llama4", "internvl"})
+#: InternVL's tiles and frames, Gemma 3's, PaliGemma's and LLaVA's squares) read from their
+#: image tokens at emission as at selection: a run a tile, or a run cut into tiles of
+#: ``VisionTower.tile_tokens``.
+TILES_FROM_TOKENS = frozenset({"llama4", "internvl", "gemma3", "paligemma", "llava"})
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
 _AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
