@@ -264,12 +264,13 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     )
 
 
-@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava"])
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava", "idefics3"])
 @pytest.mark.processor_media
 def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(family):
     """Through the family's processor and the real pack layout: each image is one square
-    through the tower (3 x its forward, backward included), at selection (from the encoded
-    ids) as at emission (from the laid-out pack's ids)."""
+    through the tower (Idefics3: each of its tiles and its global image, ``pixel_values``'
+    real crops), 3 x its forward (backward included), at selection (from the encoded ids) as
+    at emission (from the laid-out pack's ids)."""
     pytest.importorskip("transformers")
     from energon_packing import PackingTaskEncoder
     from energon_packing.encoding import hf_compat
@@ -286,7 +287,12 @@ def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(fami
     encoded = [te.encode_sample(_pictured(k, 40 + 8 * n, 30)) for n, k in enumerate("abc")]
     pack = te.pack_selected_samples(encoded).pack
     side = tower.tile_size
-    hand = 3 * 3 * tower.grid_flops((1, side, side))
+    squares = 3
+    if family == "idefics3":  # its crops: the pixel_values that are not padding
+        pixels = np.asarray(pack.media["pixel_values"])
+        squares = int((np.abs(pixels).reshape(*pixels.shape[:2], -1).sum(-1) > 0).sum())
+        assert squares > 3
+    hand = 3 * squares * tower.grid_flops((1, side, side))
     assert te.emitted_cost(pack).vision == hand
     lengths = [s.length for s in encoded]
     assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=2048) == hand
@@ -509,7 +515,7 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
 
 
 @pytest.mark.parametrize(
-    "family", ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava"]
+    "family", ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3"]
 )
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
     """Kimi-K2.5's MoonViT, Llama 4's tile encoder and InternVL's InternViT (towers whose
@@ -517,7 +523,8 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
     tiles: their matrix products and convolutions as torch's ``FlopCounterMode`` counts them
     in the encoder, its merger or pixel-shuffle MLP and the projector equal
     :meth:`VisionTower.grid_flops` of the grids their tokens imply, exactly (InternVL: an
-    image's one run of tokens cut into its tiles; a video's frames a run each). Gemma 3's,
+    image's one run of tokens cut into its tiles; a video's frames a run each; Idefics3's
+    SigLIP over each tile, pixel-shuffled). Gemma 3's,
     PaliGemma's and LLaVA's SigLIP over their fixed squares likewise, without SigLIP's pooling
     head (as published checkpoints run it: ``vision_use_head`` off)."""
     transformers = pytest.importorskip("transformers")
@@ -554,6 +561,17 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 pixels, vision_feature_layer=-1, vision_feature_select_strategy="default"
             )
             return found, tiles * 4
+    elif family == "idefics3":
+        from energon_packing.testing.families import build
+
+        model = build("idefics3")[1]
+        model.set_attn_implementation("eager")
+        config = model.config
+        cases = [1, 4]  # tiles of 32 px: 4 x 4 patches of 8 px, pixel-shuffled 2: 4 tokens
+
+        def run(tiles):
+            pixels = torch.randn(1, tiles, 3, 32, 32)
+            return model.model.get_image_features(pixels), tiles * 4
     elif family in ("gemma3", "paligemma", "llava"):
         from energon_packing.testing.families import build
 
@@ -599,6 +617,8 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
             ids = [1] + [63] * tokens + [2] if case != 5 else [1, 63, 63, 63, 63, 2, 9] * 5
         if family in ("gemma3", "paligemma", "llava"):  # a run an image
             ids = ([1] + [63] * (tokens // case) + [2]) * case
+        if family == "idefics3":  # a run a tile, its row / column marker before it
+            ids = ([5] + [63] * 4) * case
         grids = grids_from_tokens(
             ids, token_id=63, merge_size=tower.spatial_merge_size, tile_tokens=tower.tile_tokens
         )

@@ -12,8 +12,9 @@ The packing core stays pure: it receives the sizes, never a config. Vision tower
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
 MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
-InternVL's videos' frames a tile each) and the fixed squares of Gemma 3, PaliGemma and LLaVA
-(CLIP or SigLIP); another family's encoder is left unpriced (logged). Imports ``transformers`` only to build a config from a
+InternVL's videos' frames a tile each), Idefics3's and SmolVLM's tiles, and the fixed squares
+of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP); another family's encoder is left unpriced
+(logged). Imports ``transformers`` only to build a config from a
 model type.
 """
 
@@ -85,7 +86,8 @@ def _int(value: Any) -> int | None:
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
-    or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Gemma 3, PaliGemma, LLaVA)."""
+    or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Gemma 3,
+    PaliGemma, LLaVA)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -100,8 +102,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     if not merge or not depth:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
-            "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Gemma 3, PaliGemma, "
-            "LLaVA); balancing counts the decoder alone",
+            "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, "
+            "Gemma 3, PaliGemma, LLaVA); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -273,6 +275,26 @@ def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTow
     return _fixed_tile(vision, merge=1, head=((width * count, out), (out, out)), out=out)
 
 
+def _idefics3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
+    """Idefics3's and SmolVLM's SigLIP over each tile (``image_size`` square, no class
+    token, no pooling head), pixel-shuffled by ``scale_factor``, then one linear layer."""
+    width = int(vision.get("hidden_size", 1152))
+    patch = _int(vision.get("patch_size")) or 14
+    merge = int(top.get("scale_factor", 2))
+    out = out or width
+    return VisionTower(
+        depth=int(vision.get("num_hidden_layers", 27)),
+        hidden_size=width,
+        intermediate_size=int(vision.get("intermediate_size", 4304)),
+        out_hidden_size=out,
+        patch_size=patch,
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        head=((width * merge * merge, out),),
+        tile_size=(_int(vision.get("image_size")) or 364) // patch,
+    )
+
+
 #: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
 _OWN_TOWERS = {
     "kimi_k25": _kimi_tower,
@@ -281,12 +303,17 @@ _OWN_TOWERS = {
     "gemma3": _gemma3_tower,
     "paligemma": _paligemma_tower,
     "llava": _llava_tower,
+    "idefics3": _idefics3_tower,
+    "smolvlm": _idefics3_tower,
 }
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
-#: InternVL's tiles and frames, Gemma 3's, PaliGemma's and LLaVA's squares) read from their
+#: InternVL's tiles and frames, Idefics3's and SmolVLM's tiles, Gemma 3's, PaliGemma's and
+#: LLaVA's squares) read from their
 #: image tokens at emission as at selection: a run a tile, or a run cut into tiles of
 #: ``VisionTower.tile_tokens``.
-TILES_FROM_TOKENS = frozenset({"llama4", "internvl", "gemma3", "paligemma", "llava"})
+TILES_FROM_TOKENS = frozenset(
+    {"llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm"}
+)
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
 _AUDIO_ENCODERS = ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder")
