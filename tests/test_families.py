@@ -479,6 +479,7 @@ MEDIA_TOKENS = {
     "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"],
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
     "idefics3": ["<fake_token_around_image>", "<image>", "<global-img>", *IDEFICS3_ROW_COL],
+    "smolvlm": ["<fake_token_around_image>", "<image>", "<global-img>", *IDEFICS3_ROW_COL],
     "llava_onevision": ["<image>"],
     "llava": ["<image>"],
     "llava_next": ["<image>"],

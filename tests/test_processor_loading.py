@@ -295,3 +295,23 @@ def test_video_settings_are_found_where_transformers_looks(tmp_path, layout):
         assert (rule.sample, rule.fps) == (False, None)  # Qwen2-VL's class defaults
     else:
         assert (rule.sample, rule.fps, rule.min_pixels, rule.max_pixels) == (True, 1.0, 4096, 65536)
+
+
+def test_an_image_only_smolvlm_renders_and_keeps_a_video_processor_given_to_it():
+    """SmolVLM's own ``apply_chat_template`` reads its video processor's frame count and rate
+    on every call: built image-only it renders (they read None), its video processor None
+    after; one given to it later is used and kept."""
+    import types
+
+    from energon_packing.testing.families import build
+
+    pytest.importorskip("num2words")
+    processor = build("smolvlm", model=False)[0]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    text = processor.apply_chat_template(messages, tokenize=False)
+    assert text == "<|im_start|>User: Hi<end_of_utterance>\n"
+    assert processor.video_processor is None
+    given = types.SimpleNamespace(num_frames=7, fps=2.0)
+    processor.video_processor = given
+    assert processor.apply_chat_template(messages, tokenize=False) == text
+    assert processor.video_processor is given

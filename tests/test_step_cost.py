@@ -264,7 +264,7 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     )
 
 
-@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava", "idefics3"])
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava", "idefics3", "smolvlm"])
 @pytest.mark.processor_media
 def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(family):
     """Through the family's processor and the real pack layout: each image is one square
@@ -288,7 +288,7 @@ def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(fami
     pack = te.pack_selected_samples(encoded).pack
     side = tower.tile_size
     squares = 3
-    if family == "idefics3":  # its crops: the pixel_values that are not padding
+    if family in ("idefics3", "smolvlm"):  # its crops: the pixel_values not padding
         pixels = np.asarray(pack.media["pixel_values"])
         squares = int((np.abs(pixels).reshape(*pixels.shape[:2], -1).sum(-1) > 0).sum())
         assert squares > 3
@@ -515,7 +515,8 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
 
 
 @pytest.mark.parametrize(
-    "family", ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3"]
+    "family",
+    ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm"],
 )
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
     """Kimi-K2.5's MoonViT, Llama 4's tile encoder and InternVL's InternViT (towers whose
@@ -561,10 +562,10 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 pixels, vision_feature_layer=-1, vision_feature_select_strategy="default"
             )
             return found, tiles * 4
-    elif family == "idefics3":
+    elif family in ("idefics3", "smolvlm"):
         from energon_packing.testing.families import build
 
-        model = build("idefics3")[1]
+        model = build(family)[1]
         model.set_attn_implementation("eager")
         config = model.config
         cases = [1, 4]  # tiles of 32 px: 4 x 4 patches of 8 px, pixel-shuffled 2: 4 tokens
@@ -617,7 +618,7 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
             ids = [1] + [63] * tokens + [2] if case != 5 else [1, 63, 63, 63, 63, 2, 9] * 5
         if family in ("gemma3", "paligemma", "llava"):  # a run an image
             ids = ([1] + [63] * (tokens // case) + [2]) * case
-        if family == "idefics3":  # a run a tile, its row / column marker before it
+        if family in ("idefics3", "smolvlm"):  # a run a tile, its row / column marker first
             ids = ([5] + [63] * 4) * case
         grids = grids_from_tokens(
             ids, token_id=63, merge_size=tower.spatial_merge_size, tile_tokens=tower.tile_tokens

@@ -56,6 +56,7 @@ __all__ = [
     "pack_rules",
     "processor_media_api",
     "processor_media_refusal",
+    "processor_method",
     "processor_mixin",
     "qwen3_video_keeps_markup",
     "require_processor_media",
@@ -347,6 +348,15 @@ def module_function(obj: Any, name: str) -> Callable:
     found = getattr(module, name, None)
     if not callable(found):
         raise _fail(f"{type(obj).__module__}.{name}", "not found")
+    return found
+
+
+def processor_method(obj: Any, name: str) -> Callable:
+    """The processor's own method ``name`` (an older release's public expansion helper:
+    SmolVLM's ``expand_text_with_image_tokens``, gone since 5.15)."""
+    found = getattr(obj, name, None)
+    if not callable(found):
+        raise _fail(f"{type(obj).__name__}.{name}", "not found")
     return found
 
 

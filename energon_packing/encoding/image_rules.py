@@ -199,7 +199,8 @@ def smolvlm_expansion(processor: Any, inputs: dict, index: int) -> str:
     placeholder."""
     rows = [r for per_text in inputs["rows"] for r in per_text]
     cols = [c for per_text in inputs["cols"] for c in per_text]
-    (expanded,) = processor.expand_text_with_image_tokens(
+    expand = hf_compat.processor_method(processor, "expand_text_with_image_tokens")
+    (expanded,) = expand(
         [processor.image_token], image_rows=[[rows[index]]], image_cols=[[cols[index]]]
     )
     return expanded

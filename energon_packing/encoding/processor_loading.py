@@ -62,6 +62,7 @@ def image_only(cls: type) -> type:
             (cls, _no_video_kwarg()),
             {
                 **_video_processor_optional(cls),
+                **_template_without_videos(cls),
                 "get_attributes": get_attributes,
                 "video_processor": None,
                 "__module__": __name__,
@@ -74,6 +75,34 @@ def image_only(cls: type) -> type:
 
 
 _PREFIX = "_image_only_"
+#: what a processor's own ``apply_chat_template`` reads of its video processor on every call,
+#: videos or not (SmolVLM's: the frame count and rate it passes on as defaults)
+_NO_VIDEO_SETTINGS = types.SimpleNamespace(num_frames=None, fps=None)
+
+
+def _template_without_videos(cls: type) -> dict:
+    """``{"apply_chat_template": ...}`` where ``cls``'s own reads its video processor's
+    settings (SmolVLM's reads ``self.video_processor.num_frames`` and ``.fps`` for every
+    conversation, which an image-only processor's None fails): the same call with those two read as None (the video
+    processor's own defaults: the rendered text does not depend on them); ``{}`` elsewhere."""
+    own = cls.__dict__.get("apply_chat_template")
+    try:
+        reads = own is not None and "self.video_processor." in inspect.getsource(own)
+    except (OSError, TypeError):  # no source to read: left as it is
+        reads = False
+    if not reads:
+        return {}
+
+    def apply_chat_template(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.video_processor is not None:  # one given to it after all
+            return cls.apply_chat_template(self, *args, **kwargs)
+        self.video_processor = _NO_VIDEO_SETTINGS
+        try:
+            return cls.apply_chat_template(self, *args, **kwargs)
+        finally:
+            del self.video_processor  # the class's None again
+
+    return {"apply_chat_template": apply_chat_template}
 
 
 def _video_processor_optional(cls: type) -> dict:

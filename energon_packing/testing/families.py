@@ -30,6 +30,7 @@ from energon_packing.testing.templates import (
     LLAVA_ONEVISION_TEMPLATE,
     QWEN2_VL_TEMPLATE,
     QWEN3_VL_TEMPLATE,
+    SMOLVLM_TEMPLATE,
     chatml_interleaved,
 )
 
@@ -49,6 +50,7 @@ FAMILIES = (
     "qwen3_vl",
     "gemma3",
     "idefics3",
+    "smolvlm",
     "llava_onevision",
     "llava",
     "llava_next",
@@ -72,6 +74,13 @@ QWEN_SPECIALS = [
     "<|video_pad|>",
 ]
 IDEFICS3_ROW_COL = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+IDEFICS3_SPECIALS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *IDEFICS3_ROW_COL,
+    "<end_of_utterance>",
+]
 
 
 def make_tokenizer(
@@ -278,38 +287,57 @@ def _idefics3(model: bool) -> tuple[Any, Any, dict]:
         Idefics3ImageProcessorPil,
     )
 
-    specials = [
-        "<fake_token_around_image>",
-        "<image>",
-        "<global-img>",
-        *IDEFICS3_ROW_COL,
-        "<end_of_utterance>",
-    ]
     tokenizer = make_tokenizer(
-        extra=specials,
+        extra=IDEFICS3_SPECIALS,
         bos="<|begin_of_text|>",
         eos="<end_of_utterance>",
         pad="<|endoftext|>",
         add_bos=True,
     )
-    tile, patch, scale = 32, 8, 2  # a 32 px tile: 4x4 patches, pixel shuffle 2: 4 tokens
-    processor = Idefics3Processor(
-        image_processor=Idefics3ImageProcessorPil(
+    parts = (Idefics3Processor, Idefics3ImageProcessorPil, Idefics3Config)
+    processor, config = _tiles_of(*parts, tokenizer=tokenizer, template=IDEFICS3_TEMPLATE)
+    return _built(
+        processor, config, Idefics3ForConditionalGeneration, model, {"family": "idefics3"}
+    )
+
+
+def _smolvlm(model: bool) -> tuple[Any, Any, dict]:
+    """SmolVLM: Idefics3's layout (tiles with row / column markers, a global image) after
+    ChatML's start token; its processor needs num2words (its own requirement)."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMProcessor
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import (
+        SmolVLMImageProcessorPil,
+    )
+
+    tokenizer = make_tokenizer(
+        extra=["<|im_start|>", *IDEFICS3_SPECIALS], eos="<end_of_utterance>", pad="<|endoftext|>"
+    )
+    parts = (image_only(SmolVLMProcessor), SmolVLMImageProcessorPil, SmolVLMConfig)
+    processor, config = _tiles_of(*parts, tokenizer=tokenizer, template=SMOLVLM_TEMPLATE)
+    return _built(processor, config, SmolVLMForConditionalGeneration, model, {"family": "smolvlm"})
+
+
+def _tiles_of(
+    processor_cls: type, image_processor_cls: type, config_cls: type, *, tokenizer, template
+) -> tuple[Any, Any]:
+    """Idefics3's and SmolVLM's tiny processor and config: 32 px tiles of 4 x 4 patches of 8
+    px, pixel-shuffled by 2 (4 tokens a tile), images resized to at most 64 px a side."""
+    tile, patch, scale = 32, 8, 2
+    processor = processor_cls(
+        image_processor=image_processor_cls(
             size={"longest_edge": 2 * tile}, max_image_size={"longest_edge": tile}
         ),
         tokenizer=tokenizer,
         image_seq_len=(tile // patch) ** 2 // scale**2,
-        chat_template=IDEFICS3_TEMPLATE,
+        chat_template=template,
     )
-    config = Idefics3Config(
+    config = config_cls(
         text_config=_tiny_text(tokenizer, model_type="llama"),
         vision_config=_tiny_siglip(model_type=None, image_size=tile, patch_size=patch),
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
-    return _built(
-        processor, config, Idefics3ForConditionalGeneration, model, {"family": "idefics3"}
-    )
+    return processor, config
 
 
 def _llava_onevision(model: bool) -> tuple[Any, Any, dict]:
@@ -563,6 +591,7 @@ def build(family: str, *, model: bool = True) -> tuple[Any, Any, dict]:
         "llava": _llava,
         "llava_next": _llava_next,
         "internvl": _internvl,
+        "smolvlm": _smolvlm,
         "aya_vision": _aya_vision,
         "gemma4": families_later._gemma4,
         "qwen2_5_omni": families_omni._qwen2_5_omni,

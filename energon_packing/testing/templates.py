@@ -5,7 +5,8 @@ Sources (the checkpoint's chat_template / tokenizer_config.json):
 - QWEN2_VL_TEMPLATE: Qwen/Qwen2-VL-*-Instruct and Qwen/Qwen2.5-VL-*-Instruct (identical templates).
 - QWEN3_VL_TEMPLATE: Qwen/Qwen3-VL-*-Instruct (tools branch included).
 - GEMMA3_TEMPLATE: google/gemma-3-*-it.
-- IDEFICS3_TEMPLATE: HuggingFaceM4/Idefics3-8B-Llama3.
+- IDEFICS3_TEMPLATE: HuggingFaceM4/Idefics3-8B-Llama3; SMOLVLM_TEMPLATE: HuggingFaceTB/SmolVLM-*
+  (its turns, after ``<|im_start|>``).
 - LLAVA_ONEVISION_TEMPLATE: llava-hf/llava-onevision-qwen2-*-ov-hf (from transformers'
   convert_llava_onevision_weights_to_hf.py; the only one with {% generation %} markers).
 - GEMMA4_TEMPLATE: google/gemma-4-*-it, its turn and image markup (``<|turn>role`` ...
@@ -37,6 +38,7 @@ __all__ = [
     "QWEN2_VL_TEMPLATE",
     "QWEN3_OMNI_TEMPLATE",
     "QWEN3_VL_TEMPLATE",
+    "SMOLVLM_TEMPLATE",
     "chatml_interleaved",
 ]
 
@@ -255,6 +257,8 @@ _IDEFICS3_BODY = (
     "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 IDEFICS3_TEMPLATE = "<|begin_of_text|>" + _IDEFICS3_BODY
+#: HuggingFaceTB/SmolVLM-*-Instruct: Idefics3's turns after ChatML's start token
+SMOLVLM_TEMPLATE = "<|im_start|>" + _IDEFICS3_BODY
 
 LLAVA_ONEVISION_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
