@@ -299,8 +299,10 @@ def test_video_settings_are_found_where_transformers_looks(tmp_path, layout):
 
 def test_an_image_only_smolvlm_renders_and_keeps_a_video_processor_given_to_it():
     """SmolVLM's own ``apply_chat_template`` reads its video processor's frame count and rate
-    on every call: built image-only it renders (they read None), its video processor None
-    after; one given to it later is used and kept."""
+    on every call: built image-only it renders (they read None) and its video processor is
+    falsy and refuses videos, naming why; one given to it later is used and kept. Four
+    threads rendering at once through one processor give the same text."""
+    import concurrent.futures
     import types
 
     from energon_packing.testing.families import build
@@ -310,7 +312,14 @@ def test_an_image_only_smolvlm_renders_and_keeps_a_video_processor_given_to_it()
     messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
     text = processor.apply_chat_template(messages, tokenize=False)
     assert text == "<|im_start|>User: Hi<end_of_utterance>\n"
-    assert processor.video_processor is None
+    assert not processor.video_processor
+    with pytest.raises(RuntimeError, match="without its video processor"):
+        processor.video_processor(videos=["a.mp4"])
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        rendered = pool.map(
+            lambda _: processor.apply_chat_template(messages, tokenize=False), range(64)
+        )
+        assert set(rendered) == {text}
     given = types.SimpleNamespace(num_frames=7, fps=2.0)
     processor.video_processor = given
     assert processor.apply_chat_template(messages, tokenize=False) == text

@@ -625,3 +625,37 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
         )
         modelled = sum(tower.grid_flops(g) for g in grids)
         assert counter.get_total_flops() == modelled, (family, case, grids)
+
+
+def test_a_fixed_square_towers_config_is_read_as_its_model_reads_it():
+    """PaliGemma's head is the top-level ``projection_dim`` (its config writes it over the
+    vision config's); a size left out is the config class's default (SigLIP's 16 px patches,
+    CLIP's 32); a Gemma 3 whose square is smaller than its tokens is not priced; a SigLIP
+    whose pooling head runs (``vision_use_head`` left out: on) is not priced."""
+    siglip = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "image_size": 224,
+        "vision_use_head": False,
+    }
+    text = {"hidden_size": 96, "num_hidden_layers": 2}
+    raw = {
+        "model_type": "paligemma",
+        "projection_dim": 96,
+        "vision_config": {**siglip, "patch_size": 14, "projection_dim": 48},
+        "text_config": text,
+    }
+    tower = step_cost_model(raw).vision
+    assert tower.head == ((64, 96),) and tower.tile_size == 16
+    unpatched = step_cost_model({**raw, "vision_config": siglip}).vision
+    assert unpatched.patch_size == 16 and unpatched.tile_size == 14
+    clip = {**siglip, "model_type": "clip_vision_model"}
+    llava = {"model_type": "llava", "vision_config": clip, "text_config": text}
+    assert step_cost_model(llava).vision.patch_size == 32
+    assert step_cost_model(llava).vision.class_tokens == 1
+    small = {"model_type": "gemma3", "vision_config": {**siglip, "image_size": 32}}
+    assert step_cost_model({**small, "text_config": text}).vision is None  # 2 patches < 16
+    headed = {k: v for k, v in siglip.items() if k != "vision_use_head"}
+    assert step_cost_model({**raw, "vision_config": headed}).vision is None

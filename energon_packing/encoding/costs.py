@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +209,18 @@ def _internvl_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Vision
 
 
 def _fixed_tile(
-    vision: Mapping, *, merge: int, head: tuple[tuple[int, int], ...], out: int
+    vision: Mapping,
+    *,
+    merge: int,
+    head: Callable[[int], tuple[tuple[int, int], ...]],
+    out: int | None,
 ) -> VisionTower | None:
     """A CLIP or SigLIP encoder over one fixed ``image_size`` square (a class token beside
-    the patches for CLIP), ``merge x merge`` patches a token, then ``head``; None (logged)
-    for another encoder, or a SigLIP whose pooling head runs beside it (``vision_use_head``:
-    published Gemma 3 and PaliGemma checkpoints turn it off)."""
+    the patches for CLIP), ``merge x merge`` patches a token, then ``head(width)``'s layers;
+    None (logged) for another encoder, a SigLIP whose pooling head runs beside it
+    (``vision_use_head``: published Gemma 3 and PaliGemma checkpoints turn it off), or a
+    ``merge`` below 1. A size the config leaves out is its config class's default (CLIP's and
+    SigLIP's: 768 wide, 12 layers, MLP 3072, 224 px; patches of 32 and 16 px)."""
     kind = str(vision.get("model_type") or "")
     clip = kind.startswith("clip")
     if not (clip or kind.startswith("siglip")) or (
@@ -227,43 +233,52 @@ def _fixed_tile(
             vision.get("vision_use_head"),
         )
         return None
-    width = int(vision.get("hidden_size", 768))
-    patch = _int(vision.get("patch_size")) or 14
+    if merge < 1:
+        logger.info("vision encoder %r: %d patches a token side; not priced", kind, merge)
+        return None
+    width = _int(vision.get("hidden_size")) or 768
+    patch = _fixed_patch(vision)
+    layers = head(width)
     return VisionTower(
-        depth=int(vision.get("num_hidden_layers", 12)),
+        depth=_int(vision.get("num_hidden_layers")) or 12,
         hidden_size=width,
-        intermediate_size=int(vision.get("intermediate_size", 3072)),
-        out_hidden_size=out,
+        intermediate_size=_int(vision.get("intermediate_size")) or 3072,
+        out_hidden_size=out or layers[-1][1],
         patch_size=patch,
         temporal_patch_size=1,
         spatial_merge_size=merge,
         class_tokens=1 if clip else 0,
-        head=head,
+        head=layers,
         tile_size=(_int(vision.get("image_size")) or 224) // patch,
     )
 
 
+def _fixed_patch(vision: Mapping) -> int:
+    """A CLIP's or SigLIP's patch side (its config class's default where left out)."""
+    clip = str(vision.get("model_type") or "").startswith("clip")
+    return _int(vision.get("patch_size")) or (32 if clip else 16)
+
+
 def _gemma3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
-    """Gemma 3's SigLIP over its 896 px square, average-pooled to ``mm_tokens_per_image``
-    (4 x 4 patches a token), then projected into the decoder's width."""
-    width = int(vision.get("hidden_size", 1152))
-    side = (_int(vision.get("image_size")) or 896) // (_int(vision.get("patch_size")) or 14)
+    """Gemma 3's SigLIP over its square, average-pooled to ``mm_tokens_per_image`` (896 px
+    of 14: 4 x 4 patches a token), then projected into the decoder's width."""
+    side = (_int(vision.get("image_size")) or 224) // _fixed_patch(vision)
     merge = side // math.isqrt(int(top.get("mm_tokens_per_image", 256)))
-    out = out or width
-    return _fixed_tile(vision, merge=merge, head=((width, out),), out=out)
+    return _fixed_tile(vision, merge=merge, head=lambda d: ((d, out or d),), out=out)
 
 
 def _paligemma_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
-    """PaliGemma's SigLIP, a patch a token, then one linear layer to ``projection_dim``."""
-    width = int(vision.get("hidden_size", 1152))
-    projected = _int(vision.get("projection_dim")) or out or width
-    return _fixed_tile(vision, merge=1, head=((width, projected),), out=projected)
+    """PaliGemma's SigLIP, a patch a token, then one linear layer to ``projection_dim`` (the
+    model's, at the top level: its config writes it over the vision config's)."""
+    projected = _int(top.get("projection_dim")) or _int(vision.get("projection_dim"))
+    return _fixed_tile(
+        vision, merge=1, head=lambda d: ((d, projected or out or d),), out=projected or out
+    )
 
 
 def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
     """LLaVA's CLIP (or SigLIP), a patch a token (the class token dropped, ``default``), its
     selected layers concatenated into the two-layer projector."""
-    width = int(vision.get("hidden_size", 1024))
     layers = top.get("vision_feature_layer", -2)
     count = len(layers) if isinstance(layers, (list, tuple)) else 1
     if top.get("vision_feature_select_strategy") == "full" and str(
@@ -271,8 +286,12 @@ def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTow
     ).startswith("clip"):
         logger.info("LLaVA keeping CLIP's class token ('full') is not priced")
         return None
-    out = out or width
-    return _fixed_tile(vision, merge=1, head=((width * count, out), (out, out)), out=out)
+    return _fixed_tile(
+        vision,
+        merge=1,
+        head=lambda d: ((d * count, out or d), (out or d, out or d)),
+        out=out,
+    )
 
 
 def _idefics3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:

@@ -47,7 +47,8 @@ def image_only(cls: type) -> type:
     transformers 5.x makes every processor that lists a ``video_processor`` load and
     type-check one, and the video processor classes import torchvision. The subclass drops the
     attribute from ``get_attributes`` (the list ``from_pretrained`` loads and ``__init__``
-    checks); ``video_processor`` reads None, so asking it for videos fails there, loudly.
+    checks); ``video_processor`` reads None (SmolVLM's: a falsy stand-in whose frame settings
+    its own template call reads), so asking it for videos fails there, loudly.
     Instances pickle (to spawned loader workers): the class is found again by its qualified
     name through this module's ``__getattr__``.
     """
@@ -62,9 +63,8 @@ def image_only(cls: type) -> type:
             (cls, _no_video_kwarg()),
             {
                 **_video_processor_optional(cls),
-                **_template_without_videos(cls),
+                **_video_processor_of(cls),
                 "get_attributes": get_attributes,
-                "video_processor": None,
                 "__module__": __name__,
                 "__qualname__": _PREFIX + cls.__name__,
                 "__doc__": f"{cls.__name__} without its video processor (no torchvision).",
@@ -75,34 +75,38 @@ def image_only(cls: type) -> type:
 
 
 _PREFIX = "_image_only_"
-#: what a processor's own ``apply_chat_template`` reads of its video processor on every call,
-#: videos or not (SmolVLM's: the frame count and rate it passes on as defaults)
-_NO_VIDEO_SETTINGS = types.SimpleNamespace(num_frames=None, fps=None)
 
 
-def _template_without_videos(cls: type) -> dict:
-    """``{"apply_chat_template": ...}`` where ``cls``'s own reads its video processor's
-    settings (SmolVLM's reads ``self.video_processor.num_frames`` and ``.fps`` for every
-    conversation, which an image-only processor's None fails): the same call with those two read as None (the video
-    processor's own defaults: the rendered text does not depend on them); ``{}`` elsewhere."""
+class _NoVideoProcessor:
+    """An image-only processor's video processor where the class's own template call reads
+    its settings on every conversation (SmolVLM's ``apply_chat_template``: the frame count and
+    rate it passes on as defaults, None here: the rendered text does not depend on them).
+    Falsy, as no video processor is; asked for videos, it refuses, naming why."""
+
+    num_frames = None
+    fps = None
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "this processor was built without its video processor (no torchvision): it "
+            "takes no videos"
+        )
+
+
+def _video_processor_of(cls: type) -> dict:
+    """``{"video_processor": ...}`` of the image-only class: a :class:`_NoVideoProcessor`
+    where ``cls``'s own ``apply_chat_template`` reads its video processor's settings
+    (SmolVLM's; None fails it), None elsewhere. A class attribute: nothing is changed on an
+    instance, so one processor serves threads alike."""
     own = cls.__dict__.get("apply_chat_template")
     try:
         reads = own is not None and "self.video_processor." in inspect.getsource(own)
-    except (OSError, TypeError):  # no source to read: left as it is
+    except (OSError, TypeError):  # no source to read: None, as for the others
         reads = False
-    if not reads:
-        return {}
-
-    def apply_chat_template(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.video_processor is not None:  # one given to it after all
-            return cls.apply_chat_template(self, *args, **kwargs)
-        self.video_processor = _NO_VIDEO_SETTINGS
-        try:
-            return cls.apply_chat_template(self, *args, **kwargs)
-        finally:
-            del self.video_processor  # the class's None again
-
-    return {"apply_chat_template": apply_chat_template}
+    return {"video_processor": _NoVideoProcessor() if reads else None}
 
 
 def _video_processor_optional(cls: type) -> dict:
