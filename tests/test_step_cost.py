@@ -264,7 +264,9 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
     )
 
 
-@pytest.mark.parametrize("family", ["gemma3", "paligemma", "llava", "idefics3", "smolvlm"])
+@pytest.mark.parametrize(
+    "family", ["gemma3", "paligemma", "llava", "aya_vision", "idefics3", "smolvlm"]
+)
 @pytest.mark.processor_media
 def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(family):
     """Through the family's processor and the real pack layout: each image is one square
@@ -288,6 +290,9 @@ def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(fami
     pack = te.pack_selected_samples(encoded).pack
     side = tower.tile_size
     squares = 3
+    if family == "aya_vision":  # its crops and thumbnails, a tile each
+        squares = len(pack.media["pixel_values"])
+        assert squares > 3
     if family in ("idefics3", "smolvlm"):  # its crops: the pixel_values not padding
         pixels = np.asarray(pack.media["pixel_values"])
         squares = int((np.abs(pixels).reshape(*pixels.shape[:2], -1).sum(-1) > 0).sum())
@@ -516,7 +521,17 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
 
 @pytest.mark.parametrize(
     "family",
-    ["kimi_k25", "llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm"],
+    [
+        "kimi_k25",
+        "llama4",
+        "internvl",
+        "gemma3",
+        "paligemma",
+        "llava",
+        "aya_vision",
+        "idefics3",
+        "smolvlm",
+    ],
 )
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
     """Kimi-K2.5's MoonViT, Llama 4's tile encoder and InternVL's InternViT (towers whose
@@ -573,7 +588,7 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
         def run(tiles):
             pixels = torch.randn(1, tiles, 3, 32, 32)
             return model.model.get_image_features(pixels), tiles * 4
-    elif family in ("gemma3", "paligemma", "llava"):
+    elif family in ("gemma3", "paligemma", "llava", "aya_vision"):
         from energon_packing.testing.families import build
 
         config = copy.deepcopy(build(family)[1].config)
@@ -585,7 +600,7 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
         cases = [1, 2]  # images, each one square
         per_image = step_cost_model(config).vision.tile_tokens
         kwargs = {}
-        if family == "llava":
+        if family in ("llava", "aya_vision"):
             kwargs = dict(
                 vision_feature_layer=config.vision_feature_layer,
                 vision_feature_select_strategy=config.vision_feature_select_strategy,
@@ -616,7 +631,7 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 ids += [63] * 144 + [5]
         if family == "internvl":  # an image's tiles one run, a frame a run: the same cost
             ids = [1] + [63] * tokens + [2] if case != 5 else [1, 63, 63, 63, 63, 2, 9] * 5
-        if family in ("gemma3", "paligemma", "llava"):  # a run an image
+        if family in ("gemma3", "paligemma", "llava", "aya_vision"):  # a run an image / tile
             ids = ([1] + [63] * (tokens // case) + [2]) * case
         if family in ("idefics3", "smolvlm"):  # a run a tile, its row / column marker first
             ids = ([5] + [63] * 4) * case

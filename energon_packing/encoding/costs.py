@@ -12,9 +12,9 @@ The packing core stays pure: it receives the sizes, never a config. Vision tower
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
 MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
-InternVL's videos' frames a tile each), Idefics3's and SmolVLM's tiles, and the fixed squares
-of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP); another family's encoder is left unpriced
-(logged). Imports ``transformers`` only to build a config from a
+InternVL's videos' frames a tile each), Idefics3's, SmolVLM's and Aya Vision's tiles, and the
+fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP); another family's encoder is
+left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
 
@@ -86,8 +86,8 @@ def _int(value: Any) -> int | None:
 def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
-    or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Gemma 3,
-    PaliGemma, LLaVA)."""
+    or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Aya Vision,
+    Gemma 3, PaliGemma, LLaVA)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -103,7 +103,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
             "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, "
-            "Gemma 3, PaliGemma, LLaVA); balancing counts the decoder alone",
+            "Aya Vision, Gemma 3, PaliGemma, LLaVA); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -294,6 +294,20 @@ def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTow
     )
 
 
+def _aya_vision_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
+    """Aya Vision's SigLIP over each tile, pixel-shuffled by ``downsample_factor``, then its
+    SwiGLU projector (``alignment_intermediate_size``, halved by the gate, into the decoder's
+    width)."""
+    merge = int(top.get("downsample_factor", 2))
+    inner = _int(top.get("alignment_intermediate_size")) or out
+
+    def head(d: int) -> tuple[tuple[int, int], ...]:
+        middle = inner or d * merge * merge
+        return ((d * merge * merge, middle), (middle // 2, out or d))
+
+    return _fixed_tile(vision, merge=merge, head=head, out=out)
+
+
 def _idefics3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
     """Idefics3's and SmolVLM's SigLIP over each tile (``image_size`` square, no class
     token, no pooling head), pixel-shuffled by ``scale_factor``, then one linear layer."""
@@ -323,15 +337,16 @@ _OWN_TOWERS = {
     "paligemma": _paligemma_tower,
     "llava": _llava_tower,
     "idefics3": _idefics3_tower,
+    "aya_vision": _aya_vision_tower,
     "smolvlm": _idefics3_tower,
 }
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
-#: InternVL's tiles and frames, Idefics3's and SmolVLM's tiles, Gemma 3's, PaliGemma's and
-#: LLaVA's squares) read from their
+#: InternVL's tiles and frames, Idefics3's, SmolVLM's and Aya Vision's tiles, Gemma 3's,
+#: PaliGemma's and LLaVA's squares) read from their
 #: image tokens at emission as at selection: a run a tile, or a run cut into tiles of
 #: ``VisionTower.tile_tokens``.
 TILES_FROM_TOKENS = frozenset(
-    {"llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm"}
+    {"llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm", "aya_vision"}
 )
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type

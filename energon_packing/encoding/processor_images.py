@@ -356,11 +356,18 @@ def _markup(
 def slot_ids(processor: Any, family: Family | None) -> list[int]:
     """The ids of the tokens the model fills with vision features: the family's
     ``slot_token`` (Llama 4's ``<|patch|>``), else the processor's ``image_token_ids`` (Gemma
-    3: not its placeholder), else its image token."""
+    3: not its placeholder), else its ``image_token_id`` (Aya Vision before it lists
+    ``image_token_ids``: its ``<|IMG_PATCH|>``, not its ``<image>`` placeholder), else its
+    image token."""
     if family is not None and family.slot_token:
         return [processor.tokenizer.convert_tokens_to_ids(family.slot_token)]
     ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
-    return ids or [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
+    if ids:
+        return ids
+    own = getattr(processor, "image_token_id", None)  # what older releases name the slot
+    if isinstance(own, int) and not isinstance(own, bool):  # (Aya Vision's <|IMG_PATCH|>)
+        return [own]
+    return [processor.tokenizer.convert_tokens_to_ids(processor.image_token)]
 
 
 def _array(value: Any) -> np.ndarray:
