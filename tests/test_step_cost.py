@@ -645,7 +645,7 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
 def test_a_fixed_square_towers_config_is_read_as_its_model_reads_it():
     """PaliGemma's head is the top-level ``projection_dim`` (its config writes it over the
     vision config's); a size left out is the config class's default (SigLIP's 16 px patches,
-    CLIP's 32); a Gemma 3 whose square is smaller than its tokens is not priced; a SigLIP
+    CLIP's 32, Idefics3's vision config's); a Gemma 3 whose square is smaller than its tokens is not priced; a SigLIP
     whose pooling head runs (``vision_use_head`` left out: on) is not priced."""
     siglip = {
         "model_type": "siglip_vision_model",
@@ -674,3 +674,6 @@ def test_a_fixed_square_towers_config_is_read_as_its_model_reads_it():
     assert step_cost_model({**small, "text_config": text}).vision is None  # 2 patches < 16
     headed = {k: v for k, v in siglip.items() if k != "vision_use_head"}
     assert step_cost_model({**raw, "vision_config": headed}).vision is None
+    bare = {"model_type": "idefics3", "vision_config": {}, "text_config": text}
+    tiles = step_cost_model(bare).vision  # Idefics3VisionConfig's: 224 px of 32, 12 x 1152
+    assert (tiles.patch_size, tiles.tile_size, tiles.depth, tiles.hidden_size) == (32, 7, 12, 1152)

@@ -190,21 +190,14 @@ def _internvl_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Vision
     patch_size`` squared patches, the last layer's class token dropped after), pixel-shuffled
     by the model's ``downsample_ratio`` (0.5: 2 x 2 patches a token), then the projector
     (``hidden_size * 4`` to the decoder's width, then square)."""
-    width = int(vision.get("hidden_size", 1024))
-    patch = _int(vision.get("patch_size")) or 14
     merge = round(1 / float(top.get("downsample_ratio", 0.5)))
-    out = out or width
-    return VisionTower(
-        depth=int(vision.get("num_hidden_layers", 24)),
-        hidden_size=width,
-        intermediate_size=int(vision.get("intermediate_size", 4096)),
-        out_hidden_size=out,
-        patch_size=patch,
-        temporal_patch_size=1,
-        spatial_merge_size=merge,
+    return _tiles(
+        vision,
+        merge=merge,
+        head=lambda d: ((d * merge * merge, out or d), (out or d, out or d)),
+        out=out,
         class_tokens=1,
-        head=((width * merge * merge, out), (out, out)),
-        tile_size=(_int(vision.get("image_size")) or 448) // patch,
+        sizes=_INTERNVIT,
     )
 
 
@@ -219,8 +212,7 @@ def _fixed_tile(
     the patches for CLIP), ``merge x merge`` patches a token, then ``head(width)``'s layers;
     None (logged) for another encoder, a SigLIP whose pooling head runs beside it
     (``vision_use_head``: published Gemma 3 and PaliGemma checkpoints turn it off), or a
-    ``merge`` below 1. A size the config leaves out is its config class's default (CLIP's and
-    SigLIP's: 768 wide, 12 layers, MLP 3072, 224 px; patches of 32 and 16 px)."""
+    ``merge`` below 1. A size the config leaves out is its config class's default."""
     kind = str(vision.get("model_type") or "")
     clip = kind.startswith("clip")
     if not (clip or kind.startswith("siglip")) or (
@@ -236,27 +228,53 @@ def _fixed_tile(
     if merge < 1:
         logger.info("vision encoder %r: %d patches a token side; not priced", kind, merge)
         return None
-    width = _int(vision.get("hidden_size")) or 768
-    patch = _fixed_patch(vision)
+    sizes = _CLIP if clip else _SIGLIP
+    return _tiles(vision, merge=merge, head=head, out=out, class_tokens=int(clip), sizes=sizes)
+
+
+#: a fixed-tile encoder config class's sizes, for what a config leaves out: (width, layers,
+#: MLP width, image side, patch side) of CLIP's, SigLIP's, InternViT's and Idefics3's (and
+#: SmolVLM's) vision config classes
+_CLIP = (768, 12, 3072, 224, 32)
+_SIGLIP = (768, 12, 3072, 224, 16)
+_INTERNVIT = (1024, 24, 4096, 448, 14)
+_IDEFICS3_VISION = (1152, 12, 3072, 224, 32)
+
+
+def _tiles(
+    vision: Mapping,
+    *,
+    merge: int,
+    head: Callable[[int], tuple[tuple[int, int], ...]],
+    out: int | None,
+    sizes: tuple[int, int, int, int, int],
+    class_tokens: int = 0,
+) -> VisionTower:
+    """An encoder over each fixed ``image_size`` tile alone (``class_tokens`` beside its
+    patches), ``merge x merge`` patches a token, then ``head(width)``'s layers; a size the
+    config leaves out is ``sizes``' (its config class's default)."""
+    width, depth, mlp, image, patch = sizes
+    width = _int(vision.get("hidden_size")) or width
+    patch = _int(vision.get("patch_size")) or patch
     layers = head(width)
     return VisionTower(
-        depth=_int(vision.get("num_hidden_layers")) or 12,
+        depth=_int(vision.get("num_hidden_layers")) or depth,
         hidden_size=width,
-        intermediate_size=_int(vision.get("intermediate_size")) or 3072,
+        intermediate_size=_int(vision.get("intermediate_size")) or mlp,
         out_hidden_size=out or layers[-1][1],
         patch_size=patch,
         temporal_patch_size=1,
         spatial_merge_size=merge,
-        class_tokens=1 if clip else 0,
+        class_tokens=class_tokens,
         head=layers,
-        tile_size=(_int(vision.get("image_size")) or 224) // patch,
+        tile_size=(_int(vision.get("image_size")) or image) // patch,
     )
 
 
 def _fixed_patch(vision: Mapping) -> int:
     """A CLIP's or SigLIP's patch side (its config class's default where left out)."""
     clip = str(vision.get("model_type") or "").startswith("clip")
-    return _int(vision.get("patch_size")) or (32 if clip else 16)
+    return _int(vision.get("patch_size")) or (_CLIP if clip else _SIGLIP)[4]
 
 
 def _gemma3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
@@ -311,20 +329,13 @@ def _aya_vision_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Visi
 def _idefics3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
     """Idefics3's and SmolVLM's SigLIP over each tile (``image_size`` square, no class
     token, no pooling head), pixel-shuffled by ``scale_factor``, then one linear layer."""
-    width = int(vision.get("hidden_size", 1152))
-    patch = _int(vision.get("patch_size")) or 14
     merge = int(top.get("scale_factor", 2))
-    out = out or width
-    return VisionTower(
-        depth=int(vision.get("num_hidden_layers", 27)),
-        hidden_size=width,
-        intermediate_size=int(vision.get("intermediate_size", 4304)),
-        out_hidden_size=out,
-        patch_size=patch,
-        temporal_patch_size=1,
-        spatial_merge_size=merge,
-        head=((width * merge * merge, out),),
-        tile_size=(_int(vision.get("image_size")) or 364) // patch,
+    return _tiles(
+        vision,
+        merge=merge,
+        head=lambda d: ((d * merge * merge, out or d),),
+        out=out,
+        sizes=_IDEFICS3_VISION,
     )
 
 
