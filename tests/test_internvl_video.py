@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import decode_image, loader_batches, make_dataset
-from test_video_omni import _in_order, _parts, _png
+from helpers import loader_batches, make_dataset
+from test_video_omni import _in_order, _parts, _png, processor_alone
 
 from energon_packing import PackingTaskEncoder
 from energon_packing.trainer import prepacked_microbatches
@@ -154,28 +154,7 @@ BY_KEY = {key: (document, parts) for key, document, parts in CONVERSATIONS}
 def _reference(processor, key: str, tmp: Path) -> dict:
     """The processor's own output on conversation ``key`` alone."""
     document, parts = BY_KEY[key]
-    messages = [
-        {
-            "role": m["role"],
-            "content": [
-                {"type": p["type"], **({"text": p["text"]} if "text" in p else {})}
-                for p in m["content"]
-            ],
-        }
-        for m in document["messages"]
-    ]
-    text = processor.apply_chat_template(messages, tokenize=False)
-    paths = []
-    for name in _in_order(document, "video"):
-        (tmp / name).write_bytes(parts[name])
-        paths.append(str(tmp / name))
-    images = [decode_image(parts[name]) for name in _in_order(document, "image")]
-    return processor(
-        text=[text],
-        images=[images] if images else None,
-        videos=paths or None,
-        return_tensors="pt",
-    )
+    return processor_alone(processor, document, parts, tmp)
 
 
 @pytest.fixture(scope="module")

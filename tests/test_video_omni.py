@@ -227,6 +227,24 @@ def template_messages(document: dict) -> list[dict]:
     ]
 
 
+def processor_alone(processor, document: dict, parts: dict, tmp: Path, **extra) -> dict:
+    """The processor's own output on one conversation alone: its chat template over the
+    document's messages, its videos as paths (written under ``tmp``), its images decoded."""
+    text = processor.apply_chat_template(template_messages(document), tokenize=False)
+    paths = []
+    for name in _in_order(document, "video"):
+        (tmp / name).write_bytes(parts[name])
+        paths.append(str(tmp / name))
+    images = [decode_image(parts[name]) for name in _in_order(document, "image")]
+    return processor(
+        text=[text],
+        videos=paths or None,
+        images=[images] if images else None,
+        return_tensors="pt",
+        **extra,
+    )
+
+
 def _reference(
     processor, key: str, tmp: Path, video_config: dict | None, *, by_key: dict | None = None
 ) -> dict:
@@ -234,24 +252,11 @@ def _reference(
     its video processor's place; ``tests/test_video_real.py``: a real processor and video
     processor, over ``by_key``'s conversations)."""
     document, parts = (by_key or BY_KEY)[key]
-    text = processor.apply_chat_template(template_messages(document), tokenize=False)
-    paths = []
-    for name in _in_order(document, "video"):
-        (tmp / name).write_bytes(parts[name])
-        paths.append(str(tmp / name))
-    images = [decode_image(parts[name]) for name in _in_order(document, "image")]
     clips = [audio.decode(parts[name]) for name in _in_order(document, "audio")]
     extra = {"audio": clips or None}
     if "Omni" not in type(processor).__name__:  # Qwen-VL: no audio; the token types it takes
         extra = {"return_mm_token_type_ids": True}
-    return processor(
-        text=[text],
-        videos=paths or None,
-        images=[images] if images else None,
-        return_tensors="pt",
-        **extra,
-        **(video_config or {}),
-    )
+    return processor_alone(processor, document, parts, tmp, **extra, **(video_config or {}))
 
 
 def _with_video_processor(processor):

@@ -300,18 +300,26 @@ FAMILIES: tuple[Family, ...] = (
         image_kwargs=image_rules.pixtral_kwargs,
         needs=("torchvision",),
     ),
-    # GLM-4.1V/4.5V/4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index), its
-    # own smart_resize; videos (timestamps in the text, frames by fps) are not laid out yet
-    Family(
-        name="glm4v",
-        expansion=image_rules.qwen_expansion,
-        classes=("Glm4vProcessor", "Glm46VProcessor"),
-        model_types=("glm4v", "glm4v_moe", "glm46v"),
-        replacement_inputs=image_rules.glm4v_inputs,
-        mrope=True,
-        image_rows=image_rules.qwen_rows,
-        token_types="mm_token_type_ids",
-        vision_start="<|begin_of_image|>",
+    # GLM-4.1V/4.5V and GLM-4.6V: Qwen2-VL's positions over the <|image|> runs (get_rope_index),
+    # their own smart_resize; a video's temporal patches are images stamped with their time
+    # (video_styles.GLM4V / GLM46V: each processor samples and stamps its own way)
+    *(
+        Family(
+            name=name,
+            expansion=image_rules.qwen_expansion,
+            classes=classes,
+            model_types=model_types,
+            replacement_inputs=image_rules.glm4v_inputs,
+            videos=videos,
+            mrope=True,
+            image_rows=image_rules.qwen_rows,
+            token_types="mm_token_type_ids",
+            vision_start="<|begin_of_image|>",
+        )
+        for name, classes, model_types, videos in (
+            ("glm4v", ("Glm4vProcessor",), ("glm4v", "glm4v_moe"), video_styles.GLM4V),
+            ("glm46v", ("Glm46VProcessor",), ("glm46v",), video_styles.GLM46V),
+        )
     ),
     # the Omni thinkers: Qwen2-VL's image rule, time-aligned mRoPE (audio positions run on as
     # text's do; an image's as Qwen2-VL's; a video's temporal positions are its patches' times),

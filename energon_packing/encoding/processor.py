@@ -360,6 +360,15 @@ class ProcessorChat:
                 max_pixels=getattr(config, "max_image_pixels", None),
             )
         ]
+        as_images = self.video_style is not None and self.video_style.frames_as_images
+        if refs.order and c.videos.order and as_images:
+            raise Skip(
+                "unsupported_video",
+                f"{self.family_name} ({self.name}): a conversation with both images and videos; "
+                f"the model's forward fills both through one <|image|> mask and refuses such "
+                f"a call (get_placeholder_mask), so no conversation alone trains it; split it "
+                f"into one with the images and one with the videos",
+            )
         plans = video_plans(
             c.videos,
             video_names=video_names,
@@ -550,6 +559,12 @@ class ProcessorChat:
                 vision_start=self.processor.start_image_token,
                 vision_end=self.processor.end_image_token,
             )
+        if plan.style.frames_as_images:  # GLM: a temporal patch is an image
+            return plan.expansion(
+                video_token=self.processor.image_token,
+                vision_start=self.family.vision_start,
+                vision_end="<|end_of_image|>",
+            )
         if plan.audio_tokens is None:
             return plan.expansion(
                 video_token=self.video_token,
@@ -671,6 +686,13 @@ class ProcessorChat:
         for n, item in enumerate(items):
             if item.get("videos"):
                 try:
+                    if self.video_style.frames_as_images and item.get("images"):
+                        raise Skip(
+                            "unsupported_video",
+                            f"{self.family_name} ({self.name}): sample {item['key']!r} holds "
+                            f"images and videos, which the model refuses in one call "
+                            f"(get_placeholder_mask)",
+                        )
                     plans[n] = self._plans(item)
                 except Exception as e:  # Skip or a mismatch: it alone
                     failed[n] = e
@@ -713,6 +735,8 @@ class ProcessorChat:
             per_kept = self.images.token_fields_of_pack([items[n]["input_ids"] for n in kept])
             for n, fields in zip(kept, per_kept):
                 tokens[n] = fields
+            if self.video_style is not None and self.video_style.frames_as_images:
+                tokens = [self._typed_as_images(fields) for fields in tokens]
         out: list[Source | Exception] = []
         for item, found, fields, videos in zip(items, media, tokens, plans):
             if isinstance(found, Exception):
@@ -723,6 +747,16 @@ class ProcessorChat:
             except Exception as e:
                 out.append(e)
         return out
+
+    def _typed_as_images(self, fields: dict) -> dict:
+        """GLM: the processor types a video's tokens 2 (``mm_token_type_ids``); a pack gives
+        its frames as images, so they are typed 1, as its ``image_grid_thw`` lists them (the
+        model's own positions, from these types and grids, then read the pack right)."""
+        name = self.family.token_types
+        if name not in fields:
+            return fields
+        types = np.asarray(fields[name])
+        return {**fields, name: np.where(types == 2, 1, types).astype(types.dtype)}
 
     def _plans(self, item: Mapping[str, Any]) -> list:
         """The plans of one conversation's videos: made at encode time, else now."""
@@ -750,6 +784,8 @@ class ProcessorChat:
         merged = {name: np.concatenate([c[name] for c in clips]) for name in clips[0]}
         if self.video_style.frames_as_tiles:
             return merged
+        if self.video_style.frames_as_images:
+            return self._frames_as_images(key, item["input_ids"], merged, plans)
         held = int(np.count_nonzero(np.asarray(item["input_ids"]) == self.video_token_id))
         need = sum(plan.tokens for plan in plans)
         if held != need:
@@ -758,6 +794,25 @@ class ProcessorChat:
                 f"video tokens, its {len(plans)} video(s) expand to {need}"
             )
         return merged
+
+    def _frames_as_images(self, key: str, input_ids: Any, merged: dict, plans: list) -> dict:
+        """GLM (``VideoStyle.frames_as_images``): a conversation's videos as the images the
+        model reads them as: their pixel rows in ``pixel_values``, a ``(1, h, w)`` grid per
+        temporal patch in ``image_grid_thw`` (``get_video_features`` splits a video's grid
+        so); the ids must hold as many image tokens as the patches expand to."""
+        held = int(np.count_nonzero(np.asarray(input_ids) == self.image_token_id))
+        need = sum(plan.tokens for plan in plans)
+        if held != need:
+            raise ProcessorMismatchError(
+                f"{self.family_name} ({self.name}): sample {key!r}: the encoded ids hold {held} "
+                f"image tokens, its {len(plans)} video(s) expand to {need}"
+            )
+        grids = merged["video_grid_thw"]
+        patches = [(1, h, w) for t, h, w in grids.tolist() for _ in range(t)]
+        return {
+            "pixel_values": merged["pixel_values_videos"],
+            "image_grid_thw": np.asarray(patches, dtype=grids.dtype),
+        }
 
     def _tiles_in_order(self, item: Mapping[str, Any], media: dict, plans: list) -> dict:
         """InternVL: :func:`.video_tiles.tiles_in_order` of one conversation."""
@@ -779,8 +834,12 @@ class ProcessorChat:
         positions = None
         if self.mrope is not None:
             grids = media.get("image_grid_thw", np.zeros((0, 3), dtype=np.int64))
-            positions = mrope_positions(
-                input_ids, [tuple(g) for g in grids.tolist()], self.mrope, videos=videos
+            as_images = self.video_style is not None and self.video_style.frames_as_images
+            positions = mrope_positions(  # GLM's frames: among the image grids
+                input_ids,
+                [tuple(g) for g in grids.tolist()],
+                self.mrope,
+                videos=() if as_images else videos,
             )
         fill = {}
         if self.family is not None and self.family.prefix_lm:  # its token types

@@ -37,7 +37,7 @@ class VideoPlan:
     #: ``video_grid_thw``
     grid: tuple[int, int, int]
     merge_size: int
-    #: Qwen3-VL: the time of each temporal patch, in seconds (else empty)
+    #: Qwen3-VL, GLM: the time of each temporal patch, in seconds (else empty)
     timestamps: tuple[float, ...] = ()
     #: seconds a temporal patch spans: Qwen2.5-VL's ``second_per_grid_ts``, the Omni thinkers'
     #: ``video_second_per_grid``
@@ -77,12 +77,19 @@ class VideoPlan:
         the release replaces the pair with them: ``hf_compat.qwen3_video_keeps_markup``).
         InternVL (frames as tiles; ``video_token`` its context token, ``vision_start`` /
         ``vision_end`` its ``<img>`` / ``</img>``): ``Frame{i}: <img>...</img>`` per frame,
-        one a line."""
+        one a line. GLM (``video_token`` its image token, ``vision_start`` / ``vision_end``
+        its image's markers): per temporal patch, an image and its ``VideoStyle.stamp``."""
         if self.style.frames_as_tiles:
             tile = f"{vision_start}{video_token * self.tile_tokens}{vision_end}"
             return "\n".join(f"Frame{i + 1}: {tile}" for i in range(len(self.indices)))
         t, h, w = self.grid
         per_patch = h * w // (self.merge_size * self.merge_size)
+        if self.style.stamp is not None:  # GLM: the time after each patch's image
+            return "".join(
+                f"{vision_start}{video_token * per_patch}{vision_end}"
+                f"{self.style.stamp(self.timestamps[i])}"
+                for i in range(t)
+            )
         if not self.style.timed_patches:
             return video_token * (t * per_patch)
         return "".join(

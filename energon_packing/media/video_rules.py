@@ -97,6 +97,9 @@ class VideoRule:
     frame_size: tuple[int, int] | None = field(default=None, repr=False)
     initial_shift: bool | float = field(default=True, repr=False)
     tile_tokens: int = field(default=0, repr=False)
+    #: GLM-4.1V / 4.5V (``VideoStyle.sampling`` ``"per_second"``): past this many seconds, its
+    #: ``max_duration * fps`` frames spread over the clip. In the repr for that family only
+    max_duration: float = field(default=300, repr=False)
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -107,6 +110,8 @@ class VideoRule:
                 f", frame_size={self.frame_size!r}, initial_shift={self.initial_shift!r}, "
                 f"tile_tokens={self.tile_tokens!r}"
             )
+        if self.style.sampling == "per_second":
+            shown += f", max_duration={self.max_duration!r}"
         return f"VideoRule({shown})"
 
     @classmethod
@@ -185,6 +190,7 @@ class VideoRule:
             cap_pixels_per_frame="cap_pixels_per_frame",
             max_video_tokens="max_video_tokens",
             initial_shift="initial_shift",
+            max_duration="max_duration",
         )
         for ours, theirs in renames.items():
             value = get(theirs, _MISSING)
@@ -196,13 +202,17 @@ class VideoRule:
                 raise ValueError(f"{family}: {flag}=False is not supported for videos")
         if style.frames_as_tiles and get("do_center_crop"):  # Qwen's processors ignore it
             raise ValueError(f"{family}: do_center_crop=True is not supported for videos")
-        unread = sorted(set(overrides) & set(_QWEN_ONLY)) if style.frames_as_tiles else []
+        unread = sorted(set(overrides) & set(style.unread))
         if unread:
             raise ValueError(
-                f"video_config {unread}: {family}'s video processor reads none of them (it "
-                f"keeps every frame, or samples num_frames / fps, each resized to size's "
-                f"height and width); cap a video with the encoder's own knobs, "
-                f"max_video_frames and max_video_tokens"
+                f"video_config {unread}: {family}'s video processor reads none of them "
+                f"({style.reads}); cap a video with the "
+                f"encoder's own knobs, max_video_frames and max_video_tokens"
+            )
+        if "max_duration" in overrides and style.sampling != "per_second":
+            raise ValueError(
+                f"video_config['max_duration'] is GLM-4.1V's sampling; {family}'s video "
+                f"processor reads none: leave it out"
             )
         resample = get("resample")
         resample = getattr(resample, "value", resample)
@@ -212,6 +222,7 @@ class VideoRule:
         if (
             values["sample"]
             and not style.frames_as_tiles  # InternVL's sampling takes num_frames first
+            and style.sampling is None  # GLM's reads no num_frames
             and values["fps"] is not None
             and values.get("num_frames") is not None
         ):
@@ -235,6 +246,11 @@ class VideoRule:
             raise ValueError(
                 f"{family}: do_sample_frames needs fps or num_frames (the processor's defaults "
                 f"have neither; qwen-vl-utils samples at fps=2.0)"
+            )
+        if style.sampling == "per_second" and values["sample"] and not values["fps"]:
+            raise ValueError(
+                f"{family}: fps={values['fps']!r}: its video processor samples fps frames a "
+                f"second; set video_config['fps'] to a positive number (its default is 2)"
             )
         if called_cap is not _MISSING and called_cap != values["max_video_tokens"]:
             raise ValueError(
@@ -263,6 +279,8 @@ class VideoRule:
             return np.arange(total)
         if self.style.frames_as_tiles:
             return self._shifted(header)
+        if self.style.sampling is not None:
+            return self._by_seconds(header)
         if self.style.timed_patches:
             count = self.num_frames
             if count is None and self.fps is not None:
@@ -308,6 +326,64 @@ class VideoRule:
 
         return torch.arange(shift, total, total / count).int().numpy()
 
+    def _by_seconds(self, header: VideoHeader) -> np.ndarray:
+        """GLM's ``sample_frames`` (``VideoStyle.sampling``), each frame once, an odd count
+        padded with the last. ``"per_second"`` (GLM-4.1V): ``floor(seconds x fps)`` frames (at least one), the
+        i-th at ``ceil(i x stream fps / fps)``; past ``max_duration`` seconds,
+        ``max_duration x fps`` spread by ``linspace`` (every frame if that is more).
+        ``"by_length"`` (GLM-4.6V): 3, 1 or 0.5 frame pairs a second for clips up to 30 s, 300 s, longer
+        (at most 640 frames, 2,400 s), one at each step of that rate, ``linspace`` where the
+        steps fall short."""
+        total = header.frames
+        if not header.fps:
+            raise VideoError("video_no_fps", "sampling by seconds needs the stream's frame rate")
+        last = total - 1
+        duration = total / header.fps  # transformers' pyav metadata: frames / rate
+        if self.style.sampling == "per_second":
+            fps = self.fps
+            if duration <= self.max_duration:
+                count = max(math.floor(duration * fps), 1)
+                found = [min(last, math.ceil(i * header.fps / fps)) for i in range(count)]
+            elif int(self.max_duration * fps) >= total:
+                found = list(range(total))
+            else:
+                seconds = np.linspace(0, duration, int(self.max_duration * fps), endpoint=True)
+                found = [min(last, math.ceil(t * header.fps)) for t in seconds]
+        else:
+            found = self._by_length(total, header.fps, duration)
+        uniq = list(dict.fromkeys(found))
+        if not uniq:
+            raise VideoError(
+                "video_too_short",
+                f"{total} frames ({duration:.2f} s): {self.family}'s sampling takes none",
+            )
+        if len(uniq) & 1:
+            uniq.append(uniq[-1])
+        return np.asarray(uniq, dtype=np.int64)
+
+    def _by_length(self, total: int, fps: float, duration: float) -> list[int]:
+        """Glm46VVideoProcessor's frame indices before they are made unique."""
+        effective = min(duration, 2400)
+        rate = 3 if effective <= 30 else 1 if effective <= 300 else 0.5
+        wanted = min(int(effective * rate * self.temporal_patch_size), 640)
+        if total < wanted:
+            return np.linspace(0, total - 1, wanted, dtype=int).tolist()
+        found: list[int] = []
+        current, step, most = 0, 1 / (self.temporal_patch_size * rate), int(duration)
+        per_frame = 1 / fps
+        for index in range(total):
+            if index * per_frame >= current:
+                current += step
+                found.append(index)
+                if current >= most:
+                    break
+        if len(found) < wanted:
+            start, end = (found[0], found[-1]) if found else (0, max(total - 1, 0))
+            return np.linspace(start, end, wanted, dtype=int).tolist()
+        if len(found) > wanted:
+            return np.linspace(0, total - 1, wanted, dtype=int).tolist()
+        return found
+
     def size(self, frames: int, height: int, width: int) -> tuple[int, int]:
         """The resized frame size for ``frames`` sampled frames of ``height`` x ``width``."""
         if self.frame_size is not None:
@@ -340,6 +416,10 @@ class VideoRule:
         (the sampled indices worked out once; the rest follows from them)."""
         indices = tuple(int(i) for i in self.indices(header))
         frames = len(set(indices))  # each sampled frame decodes once
+        if self.style.sampling is not None:
+            # GLM repeats its last index to an even count for a decoder that returns a frame
+            # per index (torchcodec, transformers' default): its size rule counts them all
+            frames = len(indices)
         height, width = self.size(frames, header.height, header.width)
         if self.style.frames_as_tiles:  # no temporal patches: a frame is a tile
             return VideoPlan(
@@ -359,9 +439,21 @@ class VideoRule:
             indices=indices,
             grid=(-(-frames // tps), height // self.patch_size, width // self.patch_size),
             merge_size=self.merge_size,
-            timestamps=timestamps(indices, header.fps, tps) if self.style.timed_patches else (),
+            timestamps=self._timestamps(indices, header.fps, -(-frames // tps)),
             second_per_grid=seconds,
         )
+
+    def _timestamps(self, indices: tuple[int, ...], fps: float, patches: int) -> tuple:
+        """Each temporal patch's time: Qwen3-VL's (:func:`.video_plan.timestamps`); GLM's, its
+        first frame's seconds (the processor's ``metadata.timestamps[::2]``, fps 24 where the
+        stream gives none); none for the other families."""
+        if self.style.stamp is not None:
+            seconds = [i / (fps or 24) for i in indices[:: self.temporal_patch_size]]
+            seconds = seconds[:patches]
+            return tuple(seconds + seconds[-1:] * (patches - len(seconds)))
+        if self.style.timed_patches:
+            return timestamps(indices, fps, self.temporal_patch_size)
+        return ()
 
     def grid(self, header: VideoHeader) -> tuple[int, int, int]:
         """``video_grid_thw`` of the video, from its header alone."""
@@ -386,12 +478,3 @@ class VideoRule:
 
 #: the names that bound a frame's pixels (an Omni processor's own ``size`` passes over them)
 _PIXEL_BOUNDS = ("size", "min_pixels", "max_pixels")
-#: ``video_config`` names only the Qwen video processors read (InternVL's refuses them)
-_QWEN_ONLY = (
-    "min_frames",
-    "max_frames",
-    "min_pixels",
-    "max_pixels",
-    "cap_pixels_per_frame",
-    "max_video_tokens",
-)

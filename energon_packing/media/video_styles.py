@@ -7,11 +7,13 @@ whose video processor is laid out as one of these is one declaration, not a new 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "GLM4V",
+    "GLM46V",
     "INTERNVL",
     "QWEN2_5_OMNI",
     "QWEN2_5_VL",
@@ -54,6 +56,22 @@ class VideoStyle:
             ``<img>`` block of ``image_seq_length`` context tokens each in the text, its pixels
             in the model's ``pixel_values`` beside the images' tiles, in the text's order (no
             temporal patches, no grid field).
+        sampling: GLM's own ``sample_frames``, by seconds: ``"per_second"`` (GLM-4.1V / 4.5V:
+            ``fps`` frames a second up to ``max_duration``) or ``"by_length"`` (GLM-4.6V: a rate
+            set by the clip's length, at most 640 frames); either keeps each frame once and
+            repeats the last to an even count (None: the rules the flags above pick).
+        frames_as_images: GLM: each temporal patch is an image in the text
+            (``<|begin_of_image|>``, its image tokens, ``<|end_of_image|>``, then its first
+            frame's time written by ``stamp``), and the pack gives its pixels and its
+            ``(1, h, w)`` grid as an image's (``pixel_values`` / ``image_grid_thw``): GLM's
+            forward fills images and videos through one ``<|image|>`` mask, so a call with
+            both fails, while its vision tower and positions read a patch exactly as a
+            one-patch image. Video and image conversations then share packs.
+        stamp: GLM: a temporal patch's time as its text writes it, from its first frame's
+            seconds.
+        unread: ``video_config`` names the family's video processor does not read: refused
+            there, naming them (a setting the packer would apply and the processor not).
+        reads: What that video processor reads instead (the refusal's words).
     """
 
     name: str
@@ -64,6 +82,11 @@ class VideoStyle:
     processor_size: Mapping[str, Any] | None = None
     whole_offsets: bool = False
     frames_as_tiles: bool = False
+    sampling: str | None = None
+    frames_as_images: bool = False
+    stamp: Callable[[float], str] | None = None
+    unread: tuple[str, ...] = ()
+    reads: str = ""
 
     def __repr__(self) -> str:
         return f"VideoStyle({self.name})"
@@ -138,4 +161,70 @@ INTERNVL = VideoStyle(
     ),
     fields=("pixel_values",),
     frames_as_tiles=True,
+    unread=(
+        "min_frames",
+        "max_frames",
+        "min_pixels",
+        "max_pixels",
+        "cap_pixels_per_frame",
+        "max_video_tokens",
+    ),
+    reads=(
+        "it keeps every frame, or samples num_frames / fps, each resized to size's height and width"
+    ),
+)
+
+
+def _whole_seconds(seconds: float) -> str:
+    return str(int(seconds))
+
+
+def _tenths(seconds: float) -> str:
+    return f"{seconds:.1f} seconds"
+
+
+_GLM_DEFAULTS = dict(
+    sample=True,
+    fps=2.0,
+    min_pixels=112 * 112,
+    max_pixels=28 * 28 * 2 * 30000,
+    patch_size=14,
+    mean=_OPENAI_CLIP[0],
+    std=_OPENAI_CLIP[1],
+)
+#: what GLM's video processors read of Qwen's and InternVL's names: none of these
+_GLM_UNREAD = (
+    "num_frames",
+    "min_frames",
+    "max_frames",
+    "min_pixels",
+    "max_pixels",
+    "cap_pixels_per_frame",
+    "max_video_tokens",
+)
+# Glm4vVideoProcessor: fps frames a second (the class default 2), frames as images, each
+# temporal patch stamped with its first frame's whole second
+GLM4V = VideoStyle(
+    name="glm4v",
+    defaults=_GLM_DEFAULTS,
+    timed_patches=True,
+    sampling="per_second",
+    frames_as_images=True,
+    stamp=_whole_seconds,
+    unread=_GLM_UNREAD,
+    reads="it samples fps frames a second, each sized by size's shortest and longest edge",
+)
+# Glm46VVideoProcessor: its rate by the clip's length (fps unread), stamped "{s:.1f} seconds"
+GLM46V = VideoStyle(
+    name="glm46v",
+    defaults=_GLM_DEFAULTS,
+    timed_patches=True,
+    sampling="by_length",
+    frames_as_images=True,
+    stamp=_tenths,
+    unread=(*_GLM_UNREAD, "fps"),
+    reads=(
+        "it samples at a rate set by the clip's length, each frame sized by size's shortest "
+        "and longest edge"
+    ),
 )

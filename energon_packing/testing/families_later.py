@@ -105,7 +105,9 @@ def _glm4v(family: str, model: bool) -> tuple[Any, Any, dict]:
         tokenizer=tokenizer,
         chat_template=GLM4V_TEMPLATE,
     )
-    return _built(processor, config, model_cls, model, {"family": "glm4v"})
+    return _built(
+        processor, config, model_cls, model, {"family": "glm46v" if family == "glm46v" else "glm4v"}
+    )
 
 
 def _gemma4(model: bool) -> tuple[Any, Any, dict]:

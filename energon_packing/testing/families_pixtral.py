@@ -75,7 +75,7 @@ _SPECIALS = [
 
 def torchvision_missing() -> str | None:
     """Why the processors of the families that need torchvision (the registry's ``needs``),
-    and the real Qwen and InternVL video processors, cannot be built here (None: they can)."""
+    and the real Qwen, InternVL and GLM video processors, cannot be built here (None: they can)."""
     try:
         import torchvision  # noqa: F401
     except ImportError as e:
@@ -83,7 +83,7 @@ def torchvision_missing() -> str | None:
 
         named = ", ".join(f.name for f in FAMILIES if "torchvision" in f.needs)
         return (
-            f"needs torchvision (the processors of {named}; the real Qwen and InternVL video processors), "
+            f"needs torchvision (the processors of {named}; the real Qwen, InternVL and GLM video processors), "
             f"which does not import here ({e}); the torchvision CI stack runs these "
             f"(.ci/stacks.txt)"
         )

@@ -1,26 +1,27 @@
 """The video families' processors with their real video processors (torchvision).
 
 :func:`energon_packing.testing.families.build` builds the Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen2.5-Omni, Qwen3-Omni and InternVL processors without a video processor (transformers'
+Qwen2.5-Omni, Qwen3-Omni, InternVL and GLM processors without a video processor (transformers'
 video processor classes need torchvision). Where torchvision imports,
 :func:`with_video_processor` builds the family's processor class as ``from_pretrained`` builds
 it: the same image processor, feature extractor, tokenizer and chat template, and the video
 processor class transformers' auto table gives the family (``Qwen2VLVideoProcessor``;
-Qwen3-VL's ``Qwen3VLVideoProcessor``; ``InternVLVideoProcessor``) from a checkpoint's video
+Qwen3-VL's ``Qwen3VLVideoProcessor``; ``InternVLVideoProcessor``; GLM's own) from a checkpoint's video
 processor settings.
 
 One accommodation: transformers 5.24's ``BaseVideoProcessor.fetch_videos`` decodes with
 torchcodec, else torchvision's removed video API, and takes no backend. The video processor
 built here decodes a path with transformers' own ``load_video(path, backend="pyav")`` and its
 own ``sample_frames`` (the call ``fetch_videos`` makes, with the pyav backend), as the recorded
-references of ``tests/data/video`` were made.
+references of ``tests/data/video`` were made; for GLM (:data:`PER_INDEX`) a frame per sampled
+index, as torchcodec returns them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VIDEO_FAMILIES", "with_video_processor"]
+__all__ = ["PER_INDEX", "VIDEO_FAMILIES", "with_video_processor"]
 
 #: family -> (processor class, video processor class), transformers' names
 VIDEO_FAMILIES: dict[str, tuple[str, str]] = {
@@ -30,11 +31,20 @@ VIDEO_FAMILIES: dict[str, tuple[str, str]] = {
     "qwen2_5_omni": ("Qwen2_5OmniProcessor", "Qwen2VLVideoProcessor"),
     "qwen3_omni": ("Qwen3OmniMoeProcessor", "Qwen2VLVideoProcessor"),
     "internvl": ("InternVLProcessor", "InternVLVideoProcessor"),
+    "glm4v": ("Glm4vProcessor", "Glm4vVideoProcessor"),
+    "glm46v": ("Glm46VProcessor", "Glm46VVideoProcessor"),
 }
 
 
-def _decoding_with_pyav(cls: type) -> type:
-    """``cls`` whose ``fetch_videos`` is transformers' own, decoding with PyAV."""
+#: families whose sampling repeats a frame on purpose (GLM's: its last, to an even count) for
+#: a decoder that returns a frame per sampled index, as torchcodec (transformers' default) does;
+#: transformers' pyav loader returns each frame once
+PER_INDEX = ("glm4v", "glm46v")
+
+
+def _decoding_with_pyav(cls: type, *, per_index: bool = False) -> type:
+    """``cls`` whose ``fetch_videos`` is transformers' own, decoding with PyAV (``per_index``:
+    a frame per sampled index, repeats included, as torchcodec gives them)."""
     from transformers.video_utils import load_video
 
     def fetch_videos(self, video_url_or_urls, sample_indices_fn=None):
@@ -47,7 +57,14 @@ def _decoding_with_pyav(cls: type) -> type:
                     ]
                 )
             )
-        return load_video(video_url_or_urls, backend="pyav", sample_indices_fn=sample_indices_fn)
+        frames, metadata = load_video(
+            video_url_or_urls, backend="pyav", sample_indices_fn=sample_indices_fn
+        )
+        if per_index and metadata.frames_indices is not None:
+            indices = [int(i) for i in metadata.frames_indices]
+            rank = {index: n for n, index in enumerate(sorted(set(indices)))}
+            frames = frames[[rank[i] for i in indices]]
+        return frames, metadata
 
     return type(cls.__name__, (cls,), {"fetch_videos": fetch_videos, "__module__": __name__})
 
@@ -63,7 +80,9 @@ def with_video_processor(family: str, processor: Any, settings: dict | None = No
         raise KeyError(f"no video processor for {family!r}; families: {', '.join(VIDEO_FAMILIES)}")
     processor_name, video_name = VIDEO_FAMILIES[family]
     settings = {**(getattr(processor, "video_settings", None) or {}), **(settings or {})}
-    video_processor = _decoding_with_pyav(getattr(transformers, video_name))(**settings)
+    video_processor = _decoding_with_pyav(
+        getattr(transformers, video_name), per_index=family in PER_INDEX
+    )(**settings)
     parts = dict(
         image_processor=processor.image_processor,
         video_processor=video_processor,
