@@ -45,11 +45,13 @@ pytestmark = pytest.mark.energon
 
 DATA = Path(__file__).parent / "data" / "video"
 STYLES = {"glm4v": video_styles.GLM4V, "glm46v": video_styles.GLM46V}
-#: (family, video_config): the class defaults; another rate; every frame
+STYLES["glm4v_moe"] = STYLES["glm4v"]  # GLM-4.5V: GLM-4.1V's processor, a MoE text model
+#: (family or model, video_config): the class defaults; another rate; every frame
 SETTINGS = [
     ("glm4v", None),
     ("glm4v", {"fps": 4.0}),
     ("glm4v", {"do_sample_frames": False}),
+    ("glm4v_moe", None),
     ("glm46v", None),
     ("glm46v", {"do_sample_frames": False}),
 ]
@@ -180,11 +182,11 @@ def dataset(tmp_path_factory):
 
 
 def _reference_processor(family: str, real: bool, settings: dict | None):
-    processor = build(family, model=False)[0]
+    processor, _, info = build(family, model=False)
     if real:
         from energon_packing.testing.families_video import with_video_processor
 
-        return with_video_processor(family, processor, settings)
+        return with_video_processor(info["family"], processor, settings)
     processor.video_processor = StandInVideoProcessor(family, settings)
     return processor
 
