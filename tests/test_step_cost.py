@@ -531,6 +531,8 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
         "aya_vision",
         "idefics3",
         "smolvlm",
+        "mistral3",
+        "pixtral",
     ],
 )
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
@@ -609,6 +611,23 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
         def run(images):
             pixels = torch.randn(images, 3, side, side)
             return model.model.get_image_features(pixels, **kwargs), images * per_image
+    elif family in ("mistral3", "pixtral"):  # built from configs: the processor needs torchvision
+        config = _pixtral_config(family)
+        torch.manual_seed(0)
+        model_cls = "Mistral3" if family == "mistral3" else "Llava"
+        model = getattr(transformers, f"{model_cls}ForConditionalGeneration")(config).eval()
+        model.set_attn_implementation("eager")
+        merge = getattr(config, "spatial_merge_size", 1)
+        cases = [(8, 12), (16, 4), (4, 4)]  # pixels / 4 px patches: one image a call (eager
+        # attention computes a call's whole square, varlen kernels each image's)
+
+        def run(size):
+            h, w = size
+            pixels = torch.randn(1, 3, 4 * h, 4 * w)
+            found = model.model.get_image_features(
+                pixels, image_sizes=torch.tensor([[4 * h, 4 * w]]), vision_feature_layer=-1
+            )
+            return found, (h // merge, w // merge)
     else:
         from energon_packing.testing.families_llama4 import tiny_config
 
@@ -635,11 +654,102 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
             ids = ([1] + [63] * (tokens // case) + [2]) * case
         if family in ("idefics3", "smolvlm"):  # a run a tile, its row / column marker first
             ids = ([5] + [63] * 4) * case
+        if family in ("mistral3", "pixtral"):  # a run a row, [IMG_BREAK] (62) between, [IMG_END]
+            rows, cols = tokens
+            ids = [1, *([63] * cols + [62]) * rows, 9]
+            ids[-2] = 61
         grids = grids_from_tokens(
-            ids, token_id=63, merge_size=tower.spatial_merge_size, tile_tokens=tower.tile_tokens
+            ids,
+            token_id=63,
+            merge_size=tower.spatial_merge_size,
+            tile_tokens=tower.tile_tokens,
+            row_break=62 if family in ("mistral3", "pixtral") else None,
         )
         modelled = sum(tower.grid_flops(g) for g in grids)
         assert counter.get_total_flops() == modelled, (family, case, grids)
+
+
+def _pixtral_config(family: str):
+    """The tiny Mistral 3 (Pixtral encoder, 2 x 2 patch merger) or Pixtral-12B (LLaVA over a
+    Pixtral encoder) of ``testing.families``, built from its config alone."""
+    import transformers
+
+    vision = dict(
+        model_type="pixtral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=64,
+        patch_size=4,
+    )
+    text = dict(
+        model_type="mistral",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    if family == "pixtral":
+        return transformers.LlavaConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_index=63,
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+        )
+    return transformers.Mistral3Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=63,
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+    )
+
+
+def test_row_breaks_join_an_images_rows_into_one_grid():
+    """Pixtral's layout: an image's rows of ``[IMG]`` (9), ``[IMG_BREAK]`` (7) between them and
+    ``[IMG_END]`` (8) after: the runs one break parts are one image of rows x run length;
+    another token between two runs (an end, text) parts images."""
+    ids = [1, 9, 9, 9, 7, 9, 9, 9, 8, 2, 9, 9, 8, 9, 7, 9, 7, 9, 8]
+    assert grids_from_tokens(ids, token_id=9, merge_size=2, row_break=7) == [
+        (1, 4, 6),  # 2 rows of 3 tokens
+        (1, 2, 4),  # 1 row of 2
+        (1, 6, 2),  # 3 rows of 1
+    ]
+    assert grids_from_tokens([9, 7, 9], token_id=9, merge_size=1) == [(1, 1, 1), (1, 1, 1)]
+    assert grids_from_tokens([1, 2], token_id=9, merge_size=1, row_break=7) == []
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize("family", ["mistral3", "pixtral"])
+def test_a_pixtral_packs_images_are_priced_by_their_sizes(family):
+    """Through Mistral 3's and Pixtral-12B's processor and the real pack layout: each image
+    of its own size is priced as its ``image_sizes`` row's patches (merged 2 x 2 by Mistral 3),
+    at selection (from the encoded ids) as at emission, 3 x the forward."""
+    pytest.importorskip("transformers")
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build(family)
+    te = PackingTaskEncoder(processor=processor, max_input_seq_length=2048)
+    te.cost_model = step_cost_model(model.config)
+    tower = te.cost_model.vision
+    encoded = [
+        te.encode_sample(_pictured(k, w, h))
+        for k, (w, h) in zip("abc", [(40, 30), (64, 16), (12, 52)])
+    ]
+    pack = te.pack_selected_samples(encoded).pack
+    sizes = np.asarray(pack.media["image_sizes"]).tolist()
+    assert len(sizes) == 3 and len({tuple(s) for s in sizes}) == 3
+    p = tower.patch_size
+    hand = 3 * sum(tower.grid_flops((1, h // p, w // p)) for h, w in sizes)
+    assert te.emitted_cost(pack).vision == hand
+    lengths = [s.length for s in encoded]
+    assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=2048) == hand
 
 
 def test_a_fixed_square_towers_config_is_read_as_its_model_reads_it():

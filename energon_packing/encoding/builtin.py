@@ -172,6 +172,7 @@ class BuiltinChat:
 
     family_name = "builtin"
     clips_alone = False  # it takes no audio
+    row_break_id = None  # an image's tokens are one run
     #: the video processor whose rules the built-in layout follows (Qwen2-VL's)
     video_style = QWEN2_VL
 

@@ -559,6 +559,8 @@ class ChatLayout(Protocol):
     #: a conversation with audio clips shares its pack only with text: the family's model
     #: mixes a call's clips with the rest of the call (``AudioRule.alone``: Phi-4-multimodal)
     clips_alone: bool
+    #: the token that parts an image's rows (Pixtral's ``[IMG_BREAK]``), or None
+    row_break_id: int | None
 
     @property
     def fingerprint(self) -> str: ...

@@ -12,8 +12,9 @@ The packing core stays pure: it receives the sizes, never a config. Vision tower
 for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen2-VL,
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
 MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
-InternVL's videos' frames a tile each), Idefics3's, SmolVLM's and Aya Vision's tiles, and the
-fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP); another family's encoder is
+InternVL's videos' frames a tile each), Idefics3's, SmolVLM's and Aya Vision's tiles, the
+fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP), and Mistral 3's and
+Pixtral-12B's images at their own sizes (Pixtral); another family's encoder is
 left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
@@ -87,7 +88,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
     or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Aya Vision,
-    Gemma 3, PaliGemma, LLaVA)."""
+    Gemma 3, PaliGemma, LLaVA, Mistral 3)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -103,7 +104,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
             "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, "
-            "Aya Vision, Gemma 3, PaliGemma, LLaVA); balancing counts the decoder alone",
+            "Aya Vision, Gemma 3, PaliGemma, LLaVA, Mistral 3); balancing counts the decoder "
+            "alone",
             kind,
         )
         return None
@@ -294,11 +296,58 @@ def _paligemma_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Visio
     )
 
 
+def _pixtral(
+    vision: Mapping, *, merge: int, head: Callable[[int], tuple[tuple[int, int], ...]], out
+) -> VisionTower:
+    """A Pixtral encoder: each image at its own size, a patch a token (no class token), full
+    attention within the image, a gated MLP; ``merge x merge`` patches a token after it, then
+    ``head(width)``'s layers. A size the config leaves out is ``PixtralVisionConfig``'s."""
+    width = _int(vision.get("hidden_size")) or 1024
+    layers = head(width)
+    return VisionTower(
+        depth=_int(vision.get("num_hidden_layers")) or 24,
+        hidden_size=width,
+        intermediate_size=_int(vision.get("intermediate_size")) or 4096,
+        gated_mlp=True,
+        out_hidden_size=out or layers[-1][1],
+        patch_size=_int(vision.get("patch_size")) or 16,
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        head=layers,
+    )
+
+
+def _feature_layers(top: Mapping, default: int) -> int:
+    """How many encoder layers the projector reads, concatenated (``vision_feature_layer``)."""
+    layers = top.get("vision_feature_layer", default)
+    return len(layers) if isinstance(layers, (list, tuple)) else 1
+
+
+def _mistral3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
+    """Mistral 3's Pixtral encoder, its patch merger (``spatial_merge_size`` squared patches
+    into one, a linear layer back to the encoder's width), then the two-layer projector."""
+    if str(vision.get("model_type") or "") != "pixtral":
+        logger.info("Mistral 3 with vision encoder %r is not priced", vision.get("model_type"))
+        return None
+    merge = _int(top.get("spatial_merge_size")) or 2
+    count = _feature_layers(top, -1)
+    return _pixtral(
+        vision,
+        merge=merge,
+        head=lambda d: ((d * merge * merge, d), (d * count, out or d), (out or d, out or d)),
+        out=out,
+    )
+
+
 def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
     """LLaVA's CLIP (or SigLIP), a patch a token (the class token dropped, ``default``), its
-    selected layers concatenated into the two-layer projector."""
-    layers = top.get("vision_feature_layer", -2)
-    count = len(layers) if isinstance(layers, (list, tuple)) else 1
+    selected layers concatenated into the two-layer projector; Pixtral-12B's Pixtral encoder
+    (each image at its own size) likewise."""
+    count = _feature_layers(top, -2)
+    if str(vision.get("model_type") or "") == "pixtral":
+        return _pixtral(
+            vision, merge=1, head=lambda d: ((d * count, out or d), (out or d, out or d)), out=out
+        )
     if top.get("vision_feature_select_strategy") == "full" and str(
         vision.get("model_type", "")
     ).startswith("clip"):
@@ -350,14 +399,25 @@ _OWN_TOWERS = {
     "idefics3": _idefics3_tower,
     "aya_vision": _aya_vision_tower,
     "smolvlm": _idefics3_tower,
+    "mistral3": _mistral3_tower,
 }
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
 #: InternVL's tiles and frames, Idefics3's, SmolVLM's and Aya Vision's tiles, Gemma 3's,
-#: PaliGemma's and LLaVA's squares) read from their
+#: PaliGemma's and LLaVA's squares, Mistral 3's images row by row) read from their
 #: image tokens at emission as at selection: a run a tile, or a run cut into tiles of
-#: ``VisionTower.tile_tokens``.
+#: ``VisionTower.tile_tokens``, or runs joined by a row break an image.
 TILES_FROM_TOKENS = frozenset(
-    {"llama4", "internvl", "gemma3", "paligemma", "llava", "idefics3", "smolvlm", "aya_vision"}
+    {
+        "llama4",
+        "internvl",
+        "gemma3",
+        "paligemma",
+        "llava",
+        "idefics3",
+        "smolvlm",
+        "aya_vision",
+        "mistral3",
+    }
 )
 
 #: the audio encoders priced (their forward: :class:`AudioTower`), by ``audio_config``'s type
@@ -498,14 +558,25 @@ def cost_model_for(
 
 
 def grids_from_tokens(
-    input_ids: Sequence[int] | Any, *, token_id: int, merge_size: int, tile_tokens: int = 0
+    input_ids: Sequence[int] | Any,
+    *,
+    token_id: int,
+    merge_size: int,
+    tile_tokens: int = 0,
+    row_break: int | None = None,
 ) -> list[Grid]:
     """Each image's grid as its tokens imply it: one run of ``token_id`` of ``n`` tokens is
     ``n * merge_size**2`` patches in one slice (exact for the patch count, hence for linear
     layers and full attention); its shape, which only windowed attention reads, is taken as
     the most nearly square ``a x b = n`` merged tokens. ``tile_tokens``: a run is that many
-    tokens a tile, each tile a grid of its own (InternVL: tiles are encoded apart)."""
+    tokens a tile, each tile a grid of its own (InternVL: tiles are encoded apart).
+    ``row_break``: runs that only this token parts are the rows of one image (Pixtral's
+    ``[IMG_BREAK]``), whose grid is then exact: rows x the run's length (not with
+    ``tile_tokens``)."""
     import numpy as np
+
+    if row_break is not None and tile_tokens:
+        raise ValueError("grids_from_tokens: row_break and tile_tokens are two layouts; pass one")
 
     ids = np.asarray(input_ids)
     hits = np.flatnonzero(ids == token_id)
@@ -515,6 +586,17 @@ def grids_from_tokens(
     starts = np.concatenate(([0], breaks + 1))
     ends = np.concatenate((breaks + 1, [len(hits)]))
     runs = (ends - starts).tolist()
+    if row_break is not None:
+        first, last = hits[starts], hits[ends - 1]  # each run's first and last token
+        joined = (first[1:] == last[:-1] + 2) & (ids[last[:-1] + 1] == row_break)
+        images, rows = [], 1
+        for n, same in zip(runs, [*joined.tolist(), False]):
+            if same:
+                rows += 1
+                continue
+            images.append((1, rows * merge_size, n * merge_size))
+            rows = 1
+        return images
     if tile_tokens:
         runs = [tile_tokens for n in runs for _ in range(n // tile_tokens)] + [
             n % tile_tokens for n in runs if n % tile_tokens

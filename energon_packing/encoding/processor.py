@@ -165,6 +165,10 @@ class ProcessorChat:
         self.image_token_id = None  # the id the model replaces with vision features
         if self.image_token:
             self.image_token_id = slot_ids(processor, self.family)[0]
+        #: the token that parts an image's rows of tokens (Pixtral's ``[IMG_BREAK]``), which
+        #: the step-cost model reads an image's grid by; None: no such token
+        breaks = getattr(processor, "image_break_token", None) if self.image_token else None
+        self.row_break_id = self.tokenizer.convert_tokens_to_ids(breaks) if breaks else None
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
         self.video_style = self.family.videos if self.family else None

@@ -281,6 +281,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 token_id=self.image_token_id,
                 merge_size=tower.spatial_merge_size,
                 tile_tokens=tower.tile_tokens,
+                row_break=self.chat.row_break_id,
             )
         videos = [tuple(p.grid) for p in encoding.video_plans if not p.style.frames_as_tiles]
         return [*(tuple(g) for g in images or ()), *videos]
@@ -351,6 +352,7 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 token_id=self.image_token_id,
                 merge_size=tower.spatial_merge_size,
                 tile_tokens=tower.tile_tokens,
+                row_break=self.chat.row_break_id,
             )
         mask = pack.media.get("feature_attention_mask")  # a clip's mel frames: its mask's
         frames = (
