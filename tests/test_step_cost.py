@@ -787,3 +787,101 @@ def test_a_fixed_square_towers_config_is_read_as_its_model_reads_it():
     bare = {"model_type": "idefics3", "vision_config": {}, "text_config": text}
     tiles = step_cost_model(bare).vision  # Idefics3VisionConfig's: 224 px of 32, 12 x 1152
     assert (tiles.patch_size, tiles.tile_size, tiles.depth, tiles.hidden_size) == (32, 7, 12, 1152)
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
+def test_an_anyres_tower_costs_what_torch_counts(family):
+    """LLaVA-NeXT's and LLaVA-OneVision's encoder over an image's anyres tiles (its best-fit
+    grid and the whole image, ``Family.tiles`` from its size), then the projector: torch's
+    ``FlopCounterMode`` in their own ``get_image_features`` equals that many tiles'
+    :meth:`VisionTower.grid_flops`, exactly, for images of three sizes."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from energon_packing.encoding import image_rules
+    from energon_packing.testing.families import build
+
+    processor, built, _ = build(family)
+    config = copy.deepcopy(built.config)
+    config.vision_config.vision_use_head = False  # as published checkpoints run SigLIP
+    torch.manual_seed(0)
+    model = getattr(transformers, type(built).__name__)(config).eval()
+    model.set_attn_implementation("eager")
+    tower = step_cost_model(config).vision
+    assert tower is not None and tower.tile_size
+    side = config.vision_config.image_size
+    rule = (
+        image_rules.llava_next_tiles
+        if family == "llava_next"
+        else image_rules.llava_onevision_tiles
+    )
+    for size in [(40, 90), (60, 30), (28, 28)]:
+        (tiles,) = rule(processor, [[size]])
+        pixels = torch.randn(1, tiles, 3, side, side)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model.model.get_image_features(
+                pixels,
+                image_sizes=torch.tensor([size]),
+                vision_feature_layer=config.vision_feature_layer,
+                vision_feature_select_strategy=config.vision_feature_select_strategy,
+            )
+        modelled = tiles * tower.grid_flops((1, tower.tile_size, tower.tile_size))
+        assert counter.get_total_flops() == modelled, (family, size, tiles)
+    assert rule(processor, [[(40, 90)]]) != [1]  # a wide image takes more than the whole
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
+@pytest.mark.processor_media
+def test_anyres_packs_are_priced_by_their_tiles_at_selection_as_at_emission(family):
+    """A pack of a one-image and a two-image conversation: each image's anyres tiles
+    (LLaVA-OneVision: the two-image conversation's images one tile each, as its model reads
+    ``batch_num_images``), priced from the sizes at selection and from the pack's
+    ``image_sizes`` at emission, by hand."""
+    from helpers import conversation_sample
+
+    from energon_packing import PackingTaskEncoder
+    from energon_packing.encoding import hf_compat
+    from energon_packing.testing.families import build
+
+    processor, model, _ = build(family)
+    config = copy.deepcopy(model.config)
+    config.vision_config.vision_use_head = False
+    te = PackingTaskEncoder(processor=processor, max_input_seq_length=8192)
+    te.cost_model = step_cost_model(config)
+    tower = te.cost_model.vision
+
+    def document(n):
+        return {
+            "messages": [
+                {"role": "user", "content": "<image>" * n + "What?"},
+                {"role": "assistant", "content": "A picture."},
+            ],
+            "images": [f"i{k}.png" for k in range(n)],
+        }
+
+    sizes = [(40, 90), (60, 30), (50, 50)]  # (height, width)
+    images = {f"s{k}": _png(w, h) for k, (h, w) in enumerate(sizes)}
+    encoded = [
+        te.encode_sample(conversation_sample("one", document(1), {"i0.png": images["s0"]})),
+        te.encode_sample(
+            conversation_sample(
+                "two", document(2), {"i0.png": images["s1"], "i1.png": images["s2"]}
+            )
+        ),
+    ]
+    pack = te.pack_selected_samples(encoded).pack
+    image_processor = processor.image_processor
+    tile = config.vision_config.image_size
+
+    def anyres(h, w):
+        pinpoints = image_processor.image_grid_pinpoints
+        return hf_compat.anyres_tiles(h, w, grid_pinpoints=pinpoints, tile=tile)
+
+    tiles = [anyres(*sizes[0])]
+    tiles += [1, 1] if family == "llava_onevision" else [anyres(*s) for s in sizes[1:]]
+    assert tiles[0] > 1
+    hand = 3 * sum(tiles) * tower.grid_flops((1, tower.tile_size, tower.tile_size))
+    assert te.emitted_cost(pack).vision == hand
+    lengths = [s.length for s in encoded]
+    assert te.pack_cost(encoded) - te.cost_model.pack_flops(lengths, capacity=8192) == hand

@@ -173,6 +173,11 @@ class BuiltinChat:
     family_name = "builtin"
     clips_alone = False  # it takes no audio
     row_break_id = None  # an image's tokens are one run
+
+    def image_tiles(self, sizes: list[list[tuple[int, int]]]) -> list[int]:
+        """None of its images is tiled (their grids price them)."""
+        return []
+
     #: the video processor whose rules the built-in layout follows (Qwen2-VL's)
     video_style = QWEN2_VL
 

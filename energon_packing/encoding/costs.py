@@ -13,8 +13,9 @@ for the families whose packs carry ``image_grid_thw`` / ``video_grid_thw`` (Qwen
 Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-K2.5's
 MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
 InternVL's videos' frames a tile each), Idefics3's, SmolVLM's and Aya Vision's tiles, the
-fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP), and Mistral 3's and
-Pixtral-12B's images at their own sizes (Pixtral); another family's encoder is
+fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP), LLaVA-NeXT's and
+LLaVA-OneVision's anyres tiles (``Family.tiles``), and Mistral 3's and Pixtral-12B's images
+at their own sizes (Pixtral); another family's encoder is
 left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
@@ -88,7 +89,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
     or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Aya Vision,
-    Gemma 3, PaliGemma, LLaVA, Mistral 3)."""
+    Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -104,8 +105,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
             "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, "
-            "Aya Vision, Gemma 3, PaliGemma, LLaVA, Mistral 3); balancing counts the decoder "
-            "alone",
+            "Aya Vision, Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3); "
+            "balancing counts the decoder alone",
             kind,
         )
         return None
@@ -342,7 +343,8 @@ def _mistral3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Vision
 def _llava_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower | None:
     """LLaVA's CLIP (or SigLIP), a patch a token (the class token dropped, ``default``), its
     selected layers concatenated into the two-layer projector; Pixtral-12B's Pixtral encoder
-    (each image at its own size) likewise."""
+    (each image at its own size) likewise; LLaVA-NeXT's and LLaVA-OneVision's over each of an
+    image's anyres tiles (``Family.tiles``: its tokens, unpadded, do not tell them)."""
     count = _feature_layers(top, -2)
     if str(vision.get("model_type") or "") == "pixtral":
         return _pixtral(
@@ -400,6 +402,8 @@ _OWN_TOWERS = {
     "aya_vision": _aya_vision_tower,
     "smolvlm": _idefics3_tower,
     "mistral3": _mistral3_tower,
+    "llava_next": _llava_tower,
+    "llava_onevision": _llava_tower,
 }
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
 #: InternVL's tiles and frames, Idefics3's, SmolVLM's and Aya Vision's tiles, Gemma 3's,

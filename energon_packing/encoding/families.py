@@ -107,6 +107,9 @@ class Family:
             ``text_pair`` (:mod:`.prefix_lm`).
         first_position: The position of a conversation's first token where the model counts
             positions itself (PaliGemma: 1); ``to_hf`` starts each conversation there.
+        tiles: The tiles the vision tower runs over for each image, from the texts' image
+            sizes, where its tokens do not tell them (anyres: LLaVA-NeXT, LLaVA-OneVision): the
+            step-cost model's images (None: their grids or tokens tell).
     """
 
     name: str
@@ -133,6 +136,7 @@ class Family:
     template: str | None = None
     prefix_lm: bool = False
     first_position: int = 0
+    tiles: Callable[[Any, list[list[tuple[int, int]]]], list[int]] | None = None
 
     def __post_init__(self) -> None:
         assert self.model_types, f"{self.name}: a family names the model types it packs"
@@ -225,6 +229,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("LlavaNextProcessor",),
         model_types=("llava_next",),
         replacement_inputs=image_rules.llava_next_inputs,
+        tiles=image_rules.llava_next_tiles,
     ),
     # InternVL: an image's tiles, and a video's frames (each one tile), in the model's
     # pixel_values in the text's order
@@ -249,6 +254,7 @@ FAMILIES: tuple[Family, ...] = (
         classes=("LlavaOnevisionProcessor",),
         model_types=("llava_onevision",),
         replacement_inputs=image_rules.llava_onevision_inputs,
+        tiles=image_rules.llava_onevision_tiles,
     ),
     # Gemma 4: an image's soft tokens see each other on the sliding layers (the models whose
     # use_bidirectional_attention is "vision"), causal on the full ones

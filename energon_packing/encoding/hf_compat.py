@@ -369,6 +369,19 @@ def number_of_features(processor: Any, height: int, width: int, *processed: int)
     return int(count(height, width, *processed))
 
 
+def anyres_tiles(height: int, width: int, *, grid_pinpoints: list, tile: int) -> int:
+    """The tiles LLaVA-NeXT's (and LLaVA-OneVision's) vision tower runs over for an image of
+    ``height x width``: its best-fit grid of ``tile`` px squares plus the whole image
+    (``modeling_llava_next.image_size_to_num_patches``, the function their models unpad
+    ``pixel_values`` by)."""
+    try:
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+    except ImportError as e:
+        raise _fail("modeling_llava_next.image_size_to_num_patches", str(e)) from None
+    pinpoints = [list(p) for p in grid_pinpoints]
+    return int(image_size_to_num_patches((int(height), int(width)), pinpoints, int(tile)))
+
+
 def torchvision_available() -> bool:
     """Whether transformers can use torchvision (its video processors need it)."""
     from transformers.utils import is_torchvision_available

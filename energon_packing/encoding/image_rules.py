@@ -36,8 +36,10 @@ __all__ = [
     "llava_inputs",
     "llava_next_expansion",
     "llava_next_inputs",
+    "llava_next_tiles",
     "llava_onevision_expansion",
     "llava_onevision_inputs",
+    "llava_onevision_tiles",
     "ovis2_expansion",
     "ovis2_inputs",
     "paligemma_expansion",
@@ -338,14 +340,38 @@ def llava_onevision_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -
     }
 
 
-def llava_next_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
-    """LLaVA-NeXT's anyres: each image's size, and the tile side its patches are cropped to."""
-    image_processor = processor.image_processor
+def _anyres_side(image_processor: Any) -> tuple[int, int]:
+    """The tile side LLaVA-NeXT's image processor crops an image's patches to."""
     crop, size = image_processor.crop_size, image_processor.size
     if crop and crop.get("height"):
-        side = (crop["height"], crop["width"])
-    else:
-        side = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+        return (crop["height"], crop["width"])
+    return (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+
+
+def llava_next_tiles(processor: Any, sizes: list[list[tuple[int, int]]]) -> list[int]:
+    """The tiles the vision tower runs over for each image (anyres: its best-fit grid and the
+    whole image), in order over the texts' images."""
+    image_processor = processor.image_processor
+    tile = _anyres_side(image_processor)[0]
+    pinpoints = image_processor.image_grid_pinpoints
+    return [
+        hf_compat.anyres_tiles(h, w, grid_pinpoints=pinpoints, tile=tile)
+        for per_text in sizes
+        for h, w in per_text
+    ]
+
+
+def llava_onevision_tiles(processor: Any, sizes: list[list[tuple[int, int]]]) -> list[int]:
+    """LLaVA-OneVision's: anyres for a text's only image, the whole image alone (one tile) for
+    each of several (its model's ``batch_num_images`` rule)."""
+    tiles = llava_next_tiles(processor, sizes)
+    singles = [len(per_text) == 1 for per_text in sizes for _ in per_text]
+    return [n if single else 1 for n, single in zip(tiles, singles)]
+
+
+def llava_next_inputs(processor: Any, sizes: list[list[tuple[int, int]]]) -> dict:
+    """LLaVA-NeXT's anyres: each image's size, and the tile side its patches are cropped to."""
+    side = _anyres_side(processor.image_processor)
     return {
         "image_sizes": [list(s) for per_text in sizes for s in per_text],
         "pixel_values": [[_Shape((3, *side))]],

@@ -109,6 +109,9 @@ class ProcessorEncoding:
     truncated: int = 0
     #: a prefix-LM family's prefix, in tokens (its suffix's first token; None: not prefix-LM)
     prefix_length: int | None = None
+    #: each image's tiles through the vision tower, where its tokens do not tell them
+    #: (``Family.tiles``: anyres); empty otherwise
+    tiles: list[int] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -437,6 +440,7 @@ class ProcessorChat:
             input_ids=ids,
             token_mask=mask,
             prefix_length=prefix,
+            tiles=self.image_tiles([sizes]) if sizes else [],
             image_order=refs.order,
             video_order=c.videos.order,
             video_plans=plans,
@@ -445,6 +449,14 @@ class ProcessorChat:
         )
         media_end = media[-1][1] if media else 0
         return fit_to_capacity(encoding, key=key, media_end=lambda: media_end, config=config)
+
+    def image_tiles(self, sizes: list[list[tuple[int, int]]]) -> list[int]:
+        """The tiles the vision tower runs over for each image of ``sizes`` (``(height,
+        width)`` per text), where the family's tokens do not tell them (``Family.tiles``);
+        empty for the other families."""
+        if self.family is None or self.family.tiles is None:
+            return []
+        return self.family.tiles(self.processor, sizes)
 
     def _spans(
         self, chat: list[dict], trained: set[int], train_on: str

@@ -273,6 +273,9 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
         if tower is None:
             return []
         images = getattr(encoding, "grids", None)  # the built-in layout's
+        tiled = getattr(encoding, "tiles", None)  # anyres: the tower's tiles, from sizes
+        if images is None and tiled and tower.tile_size:
+            images = [(1, tower.tile_size, tower.tile_size)] * sum(tiled)
         # InternVL's frames are image tiles: their runs of image tokens are theirs to price
         tiles = [p for p in encoding.video_plans if p.style.frames_as_tiles]
         if images is None and (encoding.image_order or tiles) and self.image_token_id is not None:
@@ -354,6 +357,8 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
                 tile_tokens=tower.tile_tokens,
                 row_break=self.chat.row_break_id,
             )
+        if tower is not None and tower.tile_size and "image_sizes" in pack.media:
+            grids += self._anyres_grids(pack.media, tower.tile_size)
         mask = pack.media.get("feature_attention_mask")  # a clip's mel frames: its mask's
         frames = (
             np.asarray(mask).reshape(-1, np.shape(mask)[-1]).sum(-1) if mask is not None else ()
@@ -364,6 +369,19 @@ class PackingTaskEncoder(TaskEncoder[ConversationSample, EncodedConversation, Pa
             grids=grids,
             audio_frames=[int(n) for n in frames],
         )
+
+    def _anyres_grids(self, media: dict, side: int) -> list:
+        """A pack's anyres images (LLaVA-NeXT, LLaVA-OneVision) as the tiles the tower runs
+        over, from its ``image_sizes`` per conversation (``batch_num_images``; without it each
+        image alone, as the models read it); none for the other families."""
+        sizes = [tuple(s) for s in np.asarray(media["image_sizes"]).reshape(-1, 2).tolist()]
+        counts = media.get("batch_num_images")
+        counts = np.asarray(counts).tolist() if counts is not None else [1] * len(sizes)
+        texts, first = [], 0
+        for n in counts:
+            texts.append(sizes[first : first + n])
+            first += n
+        return [(1, side, side)] * sum(self.chat.image_tiles(texts))
 
     def build_train_datasets(self, **kwargs: Any) -> Any:
         """Energon's pipeline, with every shard reader made tolerant of corrupt bytes and the
