@@ -183,9 +183,18 @@ def test_a_family_through_its_processor_and_the_loader(family_dataset, family):
 @pytest.mark.processor_media
 def test_predicted_costs_are_the_real_lengths(family):
     """encode_sample costs a conversation from its image headers; the processor, run on the
-    decoded pixels, gives exactly that many tokens (fuzzed image sizes, 1-3 images)."""
-    processor, _, _ = build(family)
+    decoded pixels, gives exactly that many tokens (fuzzed image sizes, 1-3 images); the token
+    it counts an image's slots by is the one the model fills (its config's image token), so
+    the pack-time check of the image side against the ids is never trivially true."""
+    processor, model, _ = build(family)
     te = PackingTaskEncoder(max_input_seq_length=1 << 16, processor=processor)
+    config = model.config
+    filled = next(
+        getattr(config, name)
+        for name in ("image_token_id", "image_token_index")
+        if getattr(config, name, None) is not None
+    )
+    assert te.image_token_id == filled, (family, te.image_token_id, filled)
     rng = np.random.default_rng(7)
     for case in range(12):
         sizes = [
@@ -206,6 +215,7 @@ def test_predicted_costs_are_the_real_lengths(family):
         images = {n: _png(w, h) for n, (w, h) in zip(names, sizes)}
         sample = conversation_sample(f"case{case}", document, images)
         encoded = te.encode_sample(sample)
+        assert np.count_nonzero(encoded.input_ids == filled) > 0, family
         pil = [decode_image(images[n]) for n in names]
         text = processor.apply_chat_template(hf_messages(document), tokenize=False)
         bos = processor.tokenizer.bos_token

@@ -265,7 +265,7 @@ def test_a_packs_encoder_cost_is_its_grids_counted_by_hand(family):
 
 
 @pytest.mark.parametrize(
-    "family", ["gemma3", "paligemma", "llava", "aya_vision", "idefics3", "smolvlm"]
+    "family", ["gemma3", "paligemma", "llava", "aya_vision", "idefics3", "smolvlm", "ovis2"]
 )
 @pytest.mark.processor_media
 def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(family):
@@ -290,7 +290,7 @@ def test_a_fixed_square_tower_prices_each_image_at_selection_as_at_emission(fami
     pack = te.pack_selected_samples(encoded).pack
     side = tower.tile_size
     squares = 3
-    if family == "aya_vision":  # its crops and thumbnails, a tile each
+    if family in ("aya_vision", "ovis2"):  # its crops and whole images, a tile each
         squares = len(pack.media["pixel_values"])
         assert squares > 3
     if family in ("idefics3", "smolvlm"):  # its crops: the pixel_values not padding
@@ -533,6 +533,7 @@ def test_stats_reports_the_audio_encoders_part_where_the_model_has_one():
         "smolvlm",
         "mistral3",
         "pixtral",
+        "ovis2",
     ],
 )
 def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
@@ -579,6 +580,16 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
                 pixels, vision_feature_layer=-1, vision_feature_select_strategy="default"
             )
             return found, tiles * 4
+    elif family == "ovis2":
+        from energon_packing.testing.families import build
+
+        model = build(family)[1]
+        model.set_attn_implementation("eager")
+        config = model.config
+        cases = [1, 5]  # tiles of 28 px: 4 x 4 patches of 7 px, 16 visual tokens each
+
+        def run(tiles):  # the ViT, its head, the softmax times the visual embedding table
+            return model.model.get_image_features(torch.randn(tiles, 3, 28, 28)), tiles * 16
     elif family in ("idefics3", "smolvlm"):
         from energon_packing.testing.families import build
 
@@ -654,6 +665,8 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
             ids = ([1] + [63] * (tokens // case) + [2]) * case
         if family in ("idefics3", "smolvlm"):  # a run a tile, its row / column marker first
             ids = ([5] + [63] * 4) * case
+        if family == "ovis2":  # a run a tile, <IMG_GRID> / <IMG_COL> / <IMG_ROW> between
+            ids = [1, *([63] * 16 + [5]) * case, 2]
         if family in ("mistral3", "pixtral"):  # a run a row, [IMG_BREAK] (62) between, [IMG_END]
             rows, cols = tokens
             ids = [1, *([63] * cols + [62]) * rows, 9]

@@ -14,8 +14,9 @@ Qwen2.5-VL with its windowed layers, Qwen3-VL with its deepstack mergers), Kimi-
 MoonViT, Llama 4's and InternVL's tiles (an image's grids then as its tokens imply them,
 InternVL's videos' frames a tile each), Idefics3's, SmolVLM's and Aya Vision's tiles, the
 fixed squares of Gemma 3, PaliGemma and LLaVA (CLIP or SigLIP), LLaVA-NeXT's and
-LLaVA-OneVision's anyres tiles (``Family.tiles``), and Mistral 3's and Pixtral-12B's images
-at their own sizes (Pixtral); another family's encoder is
+LLaVA-OneVision's anyres tiles (``Family.tiles``), Ovis2's tiles through its visual
+tokenizer, and Mistral 3's and Pixtral-12B's images at their own sizes (Pixtral); another
+family's encoder is
 left unpriced (logged). Imports ``transformers`` only to build a config from a
 model type.
 """
@@ -89,7 +90,7 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
     """The vision encoder of a model config (its ``vision_config``), or None where it has none
     or is not priced (logged): Qwen-VL's fields (the Qwen-VL families, GLM-4V, ERNIE-4.5-VL),
     or a family's own rule (Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, Aya Vision,
-    Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3)."""
+    Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Ovis2)."""
     raw = _thinker(_as_dict(config))
     vision = raw.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -105,8 +106,8 @@ def vision_tower(config: Any, *, model_type: str = "") -> VisionTower | None:
         logger.info(
             "model type %r: its vision encoder is not priced (priced: towers of Qwen-VL's "
             "fields and by their own rules: Kimi-K2.5, Llama 4, InternVL, Idefics3, SmolVLM, "
-            "Aya Vision, Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3); "
-            "balancing counts the decoder alone",
+            "Aya Vision, Gemma 3, PaliGemma, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral 3, "
+            "Ovis2); balancing counts the decoder alone",
             kind,
         )
         return None
@@ -236,12 +237,13 @@ def _fixed_tile(
 
 
 #: a fixed-tile encoder config class's sizes, for what a config leaves out: (width, layers,
-#: MLP width, image side, patch side) of CLIP's, SigLIP's, InternViT's and Idefics3's (and
-#: SmolVLM's) vision config classes
+#: MLP width, image side, patch side) of CLIP's, SigLIP's, InternViT's, Idefics3's (and
+#: SmolVLM's) and Ovis2's vision config classes
 _CLIP = (768, 12, 3072, 224, 32)
 _SIGLIP = (768, 12, 3072, 224, 16)
 _INTERNVIT = (1024, 24, 4096, 448, 14)
 _IDEFICS3_VISION = (1152, 12, 3072, 224, 32)
+_OVIS2_VISION = (1024, 24, 2816, 224, 14)
 
 
 def _tiles(
@@ -252,10 +254,12 @@ def _tiles(
     out: int | None,
     sizes: tuple[int, int, int, int, int],
     class_tokens: int = 0,
+    gated_mlp: bool = False,
 ) -> VisionTower:
     """An encoder over each fixed ``image_size`` tile alone (``class_tokens`` beside its
     patches), ``merge x merge`` patches a token, then ``head(width)``'s layers; a size the
-    config leaves out is ``sizes``' (its config class's default)."""
+    config leaves out is ``sizes``' (its config class's default); ``gated_mlp``: a gate beside
+    the MLP's up projection (SwiGLU)."""
     width, depth, mlp, image, patch = sizes
     width = _int(vision.get("hidden_size")) or width
     patch = _int(vision.get("patch_size")) or patch
@@ -264,6 +268,7 @@ def _tiles(
         depth=_int(vision.get("num_hidden_layers")) or depth,
         hidden_size=width,
         intermediate_size=_int(vision.get("intermediate_size")) or mlp,
+        gated_mlp=gated_mlp,
         out_hidden_size=out or layers[-1][1],
         patch_size=patch,
         temporal_patch_size=1,
@@ -390,6 +395,24 @@ def _idefics3_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Vision
     )
 
 
+def _ovis2_tower(vision: Mapping, *, out: int | None, top: Mapping) -> VisionTower:
+    """Ovis2's visual tokenizer over each tile: its ViT (no class token, a gated MLP), the
+    ``hidden_stride`` squared patches of a token concatenated into the head's logits over the
+    visual vocabulary (``vocab_size`` less its indicator tokens), whose softmax times the
+    visual embedding table (``vocab_size`` rows of the decoder's width) is the token."""
+    stride = _int(vision.get("hidden_stride")) or 1
+    vocab = _int(vision.get("vocab_size")) or 16384
+    words = vocab - (_int(vision.get("num_visual_indicator_tokens")) or 5)
+    return _tiles(
+        vision,
+        merge=stride,
+        head=lambda d: ((d * stride * stride, words), (vocab, out or d)),
+        out=out,
+        sizes=_OVIS2_VISION,
+        gated_mlp=True,
+    )
+
+
 #: Towers read by their own rule, by model type (the others: Qwen-VL's fields above).
 _OWN_TOWERS = {
     "kimi_k25": _kimi_tower,
@@ -404,10 +427,11 @@ _OWN_TOWERS = {
     "mistral3": _mistral3_tower,
     "llava_next": _llava_tower,
     "llava_onevision": _llava_tower,
+    "ovis2": _ovis2_tower,
 }
 #: Families whose packs carry no grids, their priced tower's images (Llama 4's tiles,
 #: InternVL's tiles and frames, Idefics3's, SmolVLM's and Aya Vision's tiles, Gemma 3's,
-#: PaliGemma's and LLaVA's squares, Mistral 3's images row by row) read from their
+#: PaliGemma's and LLaVA's squares, Ovis2's tiles, Mistral 3's images row by row) read from their
 #: image tokens at emission as at selection: a run a tile, or a run cut into tiles of
 #: ``VisionTower.tile_tokens``, or runs joined by a row break an image.
 TILES_FROM_TOKENS = frozenset(
@@ -421,6 +445,7 @@ TILES_FROM_TOKENS = frozenset(
         "smolvlm",
         "aya_vision",
         "mistral3",
+        "ovis2",
     }
 )
 

@@ -288,12 +288,14 @@ FAMILIES: tuple[Family, ...] = (
         ),
         vision_start="<|IMAGE_START|>",
     ),
+    # Ovis2: the model fills <IMG_ATOM>, which its processor writes in place of its <image>
     Family(
         name="ovis2",
         expansion=image_rules.ovis2_expansion,
         classes=("Ovis2Processor",),
         model_types=("ovis2",),
         replacement_inputs=image_rules.ovis2_inputs,
+        slot_token="<IMG_ATOM>",
     ),
     # Mistral 3 (Mistral Small 3.x, Ministral 3) and Pixtral-12B (a LLaVA model): each image's
     # patch rows, [IMG_BREAK] after each, [IMG_END] last; pixels padded to the widest image of
