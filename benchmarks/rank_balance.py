@@ -24,7 +24,8 @@ attention alone and of the vision encoder alone; the vision encoder's share of t
 ``lost``: conversations missing from one finite pass (``repeat=False``) of the ``model`` run
 (must be 0). Targets (``model``): mean <= 1.03, p95 <= 1.06, packs <= bound + 0.5 %, lost 0.
 Usage: ``python benchmarks/rank_balance.py [--ranks 8 32 128] [--mixes images video text]
-[--capacities 4096 32768] [--window 128] [--steps 150]``.
+[--capacities 4096 32768] [--window N] [--steps N]`` (default 150 packs a rank, 600 for text
+above C=8192: ``LONG_TEXT``; a pool of 128 packs, twice the ranks past 64).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ from energon_packing.testing.ranks import simulate_ranks, split_ranks
 
 BUFFER = 256
 PARTS = ("total", "decoder", "attention", "vision")
+#: Packs a rank holds per pass for text at C=32768. There a pack is a few long conversations
+#: whose attention spreads a pack's cost 1.4x, and over 150 packs the costliest ones a rank
+#: happens to hold differ so much between 128 ranks that the best order of the same packs
+#: misses the p95 target itself (bound 1.082-1.088): the sample, not the emission. Over 600
+#: (a short run) the bound is 1.010/1.047, and balanced emission reaches 1.011/1.051.
+LONG_TEXT = 600
 
 
 def spread(costs: np.ndarray) -> tuple[float, float]:
@@ -68,8 +75,18 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--mixes", nargs="+", default=list(MEDIA_MIXES), choices=MEDIA_MIXES)
     parser.add_argument("--capacities", type=int, nargs="+", default=[4096, 32768])
-    parser.add_argument("--window", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=150, help="packs per rank per pass")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="balance_window (default: 128, twice the ranks past 64: the knob's documented setting)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="packs per rank per pass (default: 150; 600 for text above C=8192, see LONG_TEXT)",
+    )
     args = parser.parse_args()
     model = step_cost_model(QWEN2_VL_7B, source="Qwen2-VL-7B config.json")
     decoder_only = dataclasses.replace(model, vision=None)
@@ -85,15 +102,17 @@ def main() -> None:
         for capacity in args.capacities:
             sample = conversations(mix, 2000, capacity, seed=0)
             mean_length = sum(n for n, _ in sample) / len(sample)
-            per_rank_n = max(500, math.ceil(args.steps * capacity / mean_length))
+            packs = args.steps or (LONG_TEXT if mix == "text" and capacity > 8192 else 150)
+            per_rank_n = max(500, math.ceil(packs * capacity / mean_length))
             for world in args.ranks:
                 data = conversations(mix, world * per_rank_n, capacity, seed=1)
                 per_rank = split_ranks(data, world)
                 steps = 2 * sum(n for n, _ in data) // capacity // world
+                pool = args.window or (2 * world if world > 64 else 128)
                 for emission, window, target in (
                     ("order", 0, model),
-                    ("decoder", args.window, decoder_only),
-                    ("model", args.window, model),
+                    ("decoder", pool, decoder_only),
+                    ("model", pool, model),
                 ):
                     start = time.perf_counter()
                     run = simulate_ranks(
