@@ -406,3 +406,33 @@ def test_a_packs_video_patches_are_priced_as_at_selection():
     assert te.emitted_cost(pack).vision == selected
     tower = te.cost_model.vision
     assert selected == 3 * sum(tower.grid_flops(tuple(g)) for g in grids)
+
+
+@pytest.mark.parametrize("family", ["glm4v", "glm46v"])
+@pytest.mark.processor_media
+def test_to_hf_of_a_glm_pack_of_videos_and_images_gives_each_conversations_own_logits(
+    tmp_path, family
+):
+    """``to_hf``'s inputs (padding-free: 3-row positions, no mask) of one pack of every
+    conversation, videos and an image together: no video field (the patches are images), and
+    each source's logits are the model's on it alone through its processor (<= 1e-5)."""
+    from energon_packing.hf import to_hf
+    from energon_packing.schema import collate
+
+    processor, model, _ = build(family)
+    te = PackingTaskEncoder(max_input_seq_length=4096, processor=processor)
+    encoded = [te.encode_sample(conversation_sample(k, d, p)) for k, d, p in CONVERSATIONS]
+    pack = te.pack_selected_samples(encoded).pack
+    batch = collate([pack])
+    inputs = dict(to_hf(batch, model=model))
+    assert "pixel_values_videos" not in inputs and "video_grid_thw" not in inputs
+    inputs.pop("labels"), inputs.pop("use_cache")  # hf.run passes use_cache=False
+    logits = hf.run(model, inputs)
+    reference = _reference_processor(family, False, None)
+    cu, padded = batch["cu_seqlens"][0], batch["cu_seqlens_padded"][0]
+    worst = 0.0
+    for k, key in enumerate(pack.source_ids):
+        alone = hf.run(model, _reference(reference, key, tmp_path))
+        start, n = int(padded[k]), int(cu[k + 1] - cu[k])
+        worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
+    assert sorted(pack.source_ids) == sorted(BY_KEY) and worst <= 1e-5, worst
