@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import conversation_sample, loader_batches, make_dataset
@@ -253,14 +254,58 @@ def test_glm_videos_through_the_loader_are_the_processors(
     assert worst <= 1e-5, f"per-source logits differ by {worst:.2e}"
 
 
-def _headers():
-    """Clips from a frame to 40 minutes, at common and odd frame rates."""
-    rates = (0.5, 7.0, 10.0, 23.976023976023978, 25.0, 29.97002997002997, 30.0, 60.0)
-    counts = (1, 2, 3, 5, 11, 23, 48, 61, 150, 301, 899, 1800, 9001, 36000, 144001)
-    return [video.VideoHeader(frames=n, fps=r, width=64, height=48) for r in rates for n in counts]
+def _headers() -> list[tuple[video.VideoHeader, object]]:
+    """Clips from a frame to 40 minutes, at common, NTSC and odd frame rates: each header as
+    ``probe`` reads it and the ``VideoMetadata`` transformers' PyAV loader makes (its duration
+    the frames over the exact rational rate)."""
+    from fractions import Fraction
+
+    from transformers.video_utils import VideoMetadata
+
+    rates = [Fraction(n, d) for n, d in ((1, 2), (7, 1), (10, 1), (24000, 1001), (25, 1))]
+    rates += [Fraction(30000, 1001), Fraction(30), Fraction(60)]
+    counts = (1, 2, 3, 5, 11, 23, 48, 61, 150, 301, 899, 1800, 9001, 12579, 36000, 144001)
+    out = []
+    for rate in rates:
+        for n in counts:
+            seconds = float(n / rate)
+            header = video.VideoHeader(
+                frames=n, fps=float(rate), width=64, height=48, duration=seconds
+            )
+            metadata = VideoMetadata(total_num_frames=n, fps=float(rate), duration=seconds)
+            out.append((header, metadata))
+    return out
 
 
-@pytest.mark.torchvision
+def _installed_sample_frames(family: str, **defaults):
+    """The installed release's own ``sample_frames`` of GLM's video processor, compiled from
+    its module's source (which imports torchvision before 5.13, so the class may not import
+    here), called with a stand-in ``self`` holding the class defaults it reads (``defaults``
+    over fps 2, max_duration 300, temporal_patch_size 2)."""
+    import ast
+    import importlib.util
+    import math
+    from types import SimpleNamespace
+
+    module = "glm46v" if family == "glm46v" else "glm4v"
+    spec = importlib.util.find_spec(f"transformers.models.{module}.video_processing_{module}")
+    tree = ast.parse(Path(spec.origin).read_text())
+    found = next(
+        node
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef) and cls.name.endswith("VideoProcessor")
+        for node in cls.body
+        if isinstance(node, ast.FunctionDef) and node.name == "sample_frames"
+    )
+    for arg in [*found.args.args, *found.args.kwonlyargs]:
+        arg.annotation = None  # names the module's imports (VideoMetadata, ...)
+    found.returns = None
+    space = {"math": math, "np": np}
+    exec(compile(ast.Module(body=[found], type_ignores=[]), spec.origin, "exec"), space)
+    own = SimpleNamespace(**{"fps": 2, "max_duration": 300, "temporal_patch_size": 2, **defaults})
+    return lambda metadata, **kwargs: space["sample_frames"](own, metadata, **kwargs)
+
+
 @pytest.mark.parametrize(
     "family,settings",
     [
@@ -270,29 +315,34 @@ def _headers():
         ("glm46v", {}),
     ],
 )
-def test_glm_sampling_is_the_video_processors_own(family, settings):
-    """The package's frame rule equals the video processor's own ``sample_frames`` on 120 clip
-    headers (a frame to 40 minutes; 0.5 to 60 fps, NTSC rates too), per setting; where it
-    samples nothing (GLM-4.6V under a sixth of a second) the clip is ``video_too_short``."""
-    from transformers.video_utils import VideoMetadata
+def test_glm_sampling_is_the_installed_releases_own(family, settings):
+    """The package's frame rule equals the installed release's own ``sample_frames`` (its
+    source, compiled here: no torchvision needed) on 128 clip headers (a frame to 40 minutes;
+    0.5 to 60 fps, NTSC rates as PyAV gives them), per setting; where it samples nothing (a
+    clip under one step: GLM-4.6V under a sixth of a second, GLM-4.1V before transformers
+    5.13 under one step of its fps) the clip is ``video_too_short``."""
+    from energon_packing.encoding import hf_compat
 
-    from energon_packing.testing.families_video import VIDEO_FAMILIES
-
-    real = getattr(transformers, VIDEO_FAMILIES[family][1])(**settings)
-    rule = video_rules.VideoRule.of(STYLES[family], real)
-    for header in _headers():
-        metadata = VideoMetadata(
-            total_num_frames=header.frames,
-            fps=header.fps,
-            duration=header.frames / header.fps,
-        )
-        expected = real.sample_frames(metadata, fps=settings.get("fps"))
+    own = {"max_duration": settings["max_duration"]} if "max_duration" in settings else {}
+    sample = _installed_sample_frames(family, **own)
+    rule = video_rules.VideoRule.of(
+        STYLES[family],
+        None,
+        overrides=settings,
+        one_frame_at_least=hf_compat.glm_samples_one_frame_at_least(),
+    )
+    empty = 0
+    for header, metadata in _headers():
+        expected = sample(metadata, fps=settings.get("fps"))
         if not len(expected):  # nothing sampled: the processor fails on it further on
             with pytest.raises(video.VideoError, match="sampling takes none") as info:
                 rule.indices(header)
             assert info.value.reason == "video_too_short"
+            empty += 1
             continue
-        assert rule.indices(header).tolist() == expected.tolist(), header
+        assert rule.indices(header).tolist() == np.asarray(expected).tolist(), header
+    if family == "glm46v" or not hf_compat.glm_samples_one_frame_at_least():
+        assert empty > 0  # the short clips are among the headers
 
 
 def test_glm_frame_rules_by_hand():
@@ -436,3 +486,16 @@ def test_to_hf_of_a_glm_pack_of_videos_and_images_gives_each_conversations_own_l
         start, n = int(padded[k]), int(cu[k + 1] - cu[k])
         worst = max(worst, float((logits[start : start + n] - alone).abs().max()))
     assert sorted(pack.source_ids) == sorted(BY_KEY) and worst <= 1e-5, worst
+
+
+def test_either_glm_processor_serves_any_glm_model():
+    """GLM-4.6V-Flash's config names model type glm4v beside its Glm46VProcessor: either
+    processor class packs GLM-4.1V, GLM-4.5V and GLM-4.6V (the image layout is one; the class
+    decides the video rules)."""
+    import dataclasses
+
+    for family, model_type in (("glm46v", "glm4v"), ("glm4v", "glm46v"), ("glm46v", "glm4v_moe")):
+        processor = build(family, model=False)[0]
+        processor.model_info = dataclasses.replace(processor.model_info, model_type=model_type)
+        te = PackingTaskEncoder(max_input_seq_length=256, processor=processor)
+        assert te.chat.video_style is STYLES[family], (family, model_type)

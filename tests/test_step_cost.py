@@ -735,6 +735,11 @@ def test_row_breaks_join_an_images_rows_into_one_grid():
     ]
     assert grids_from_tokens([9, 7, 9], token_id=9, merge_size=1) == [(1, 1, 1), (1, 1, 1)]
     assert grids_from_tokens([1, 2], token_id=9, merge_size=1, row_break=7) == []
+    # a tower of fixed tiles (another family's cost model) cuts the runs into its tiles
+    assert (
+        grids_from_tokens(ids, token_id=9, merge_size=1, row_break=7, tile_tokens=2)
+        == [(1, 1, 2)] * 3 + [(1, 1, 1)] * 5
+    )
 
 
 @pytest.mark.torchvision

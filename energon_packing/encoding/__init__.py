@@ -164,6 +164,9 @@ def _video_side(
             overrides=value("video_config"),
             reads_call_cap=hf_compat.video_cap_from_call(),
             tile_tokens=tile_tokens,
+            one_frame_at_least=(
+                style.sampling != "per_second" or hf_compat.glm_samples_one_frame_at_least()
+            ),
         ),
         max_frames=value("max_video_frames"),
         max_tokens=value("max_video_tokens"),

@@ -169,6 +169,10 @@ def _qwen(
     )
 
 
+#: GLM-4.1V, GLM-4.5V (MoE) and GLM-4.6V: either processor class serves any of them (the
+#: image layout is one; GLM-4.6V-Flash's config names glm4v), the class decides the video rules
+_GLM_MODELS = ("glm4v", "glm4v_moe", "glm46v")
+
 FAMILIES: tuple[Family, ...] = (
     _qwen("qwen2_vl", "Qwen2VLProcessor", videos=video_styles.QWEN2_VL),
     _qwen("qwen2_5_vl", "Qwen2_5_VLProcessor", videos=video_styles.QWEN2_5_VL),
@@ -325,8 +329,8 @@ FAMILIES: tuple[Family, ...] = (
             vision_start="<|begin_of_image|>",
         )
         for name, classes, model_types, videos in (
-            ("glm4v", ("Glm4vProcessor",), ("glm4v", "glm4v_moe"), video_styles.GLM4V),
-            ("glm46v", ("Glm46VProcessor",), ("glm46v",), video_styles.GLM46V),
+            ("glm4v", ("Glm4vProcessor",), _GLM_MODELS, video_styles.GLM4V),
+            ("glm46v", ("Glm46VProcessor",), _GLM_MODELS, video_styles.GLM46V),
         )
     ),
     # the Omni thinkers: Qwen2-VL's image rule, time-aligned mRoPE (audio positions run on as

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALPHA_ON_WHITE_SINCE",
@@ -36,6 +40,7 @@ __all__ = [
     "VIDEO_FRAMES_APART_SINCE",
     "TransformersCompatError",
     "alpha_on_white",
+    "anyres_tiles",
     "attn_implementation",
     "backend_class",
     "broken_forward",
@@ -45,6 +50,7 @@ __all__ = [
     "fractional_time_interval",
     "gemma3_window_cuts_blocks",
     "gemma4_mask_rule",
+    "glm_samples_one_frame_at_least",
     "masks_follow_packed_positions",
     "merged_images_kwargs",
     "mixin_token_types",
@@ -382,6 +388,27 @@ def anyres_tiles(height: int, width: int, *, grid_pinpoints: list, tile: int) ->
     return int(image_size_to_num_patches((int(height), int(width)), pinpoints, int(tile)))
 
 
+def glm_samples_one_frame_at_least() -> bool:
+    """Whether the installed ``Glm4vVideoProcessor.sample_frames`` takes a frame of a clip
+    shorter than one step of its fps (``max(floor(seconds x fps), 1)``, transformers 5.13 and
+    later) or none (5.5-5.12: the processor then fails on the clip). Read from its module's
+    source, which imports torchvision on those releases; a rule of neither shape is taken as
+    the later one (logged)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers.models.glm4v.video_processing_glm4v")
+    text = Path(spec.origin).read_text() if spec is not None and spec.origin else ""
+    if "max(int(math.floor(duration * requested_fps)), 1)" in text:
+        return True
+    if "n = int(math.floor(duration * requested_fps))" in text:
+        return False
+    logger.warning(
+        "Glm4vVideoProcessor.sample_frames: neither known frame count rule found; taking the "
+        "one of transformers 5.13+ (a clip shorter than a step samples one frame)"
+    )
+    return True
+
+
 def torchvision_available() -> bool:
     """Whether transformers can use torchvision (its video processors need it)."""
     from transformers.utils import is_torchvision_available
@@ -682,6 +709,11 @@ def check() -> list[str]:
     checked.append("processor_mixin")
     torchvision_available()
     checked.append("torchvision_available")
+    if anyres_tiles(10, 50, grid_pinpoints=[[28, 28], [28, 56]], tile=28) != 3:
+        raise _fail("modeling_llava_next.image_size_to_num_patches", "a 10 x 50 probe is not 3")
+    checked.append("anyres_tiles")
+    glm_samples_one_frame_at_least()
+    checked.append("glm_samples_one_frame_at_least")
     import transformers
 
     # an older release's own expansion helpers, where its processor has no public expansion

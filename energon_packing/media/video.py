@@ -62,6 +62,16 @@ class VideoHeader:
     height: int
     #: the stream header's own frame count differs from the packets' (0: it holds none)
     counted: bool = False
+    #: seconds, as transformers' PyAV loader computes them: the frames over the stream's exact
+    #: (rational) rate, then a float (None: ``frames / fps``, which may differ in the last bit)
+    duration: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The clip's length in seconds (0 without a frame rate)."""
+        if self.duration is not None:
+            return self.duration
+        return self.frames / self.fps if self.fps else 0.0
 
 
 #: The demuxers a video part may be read with: MP4 / QuickTime, Matroska / WebM, AVI (the
@@ -107,6 +117,7 @@ def probe(data: bytes) -> VideoHeader:
                 width=int(stream.width),
                 height=int(stream.height),
                 counted=counted,
+                duration=float(frames / rate) if rate else None,
             )
     except VideoError:
         raise

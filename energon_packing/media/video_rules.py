@@ -100,6 +100,10 @@ class VideoRule:
     #: GLM-4.1V / 4.5V (``VideoStyle.sampling`` ``"per_second"``): past this many seconds, its
     #: ``max_duration * fps`` frames spread over the clip. In the repr for that family only
     max_duration: float = field(default=300, repr=False)
+    #: GLM-4.1V / 4.5V: a clip shorter than one step of ``fps`` still samples one frame
+    #: (transformers 5.13 and later); before, none (the processor then fails on it): the
+    #: installed release's rule, ``hf_compat.glm_samples_one_frame_at_least``
+    one_frame_at_least: bool = field(default=True, repr=False)
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -123,6 +127,7 @@ class VideoRule:
         overrides: Mapping[str, Any] | None = None,
         reads_call_cap: bool = False,
         tile_tokens: int = 0,
+        one_frame_at_least: bool = True,
     ) -> VideoRule:
         """``style``'s defaults, overridden by a video processor's settings (its
         ``video_preprocessor_config.json`` as a dict, or the processor object itself), then by
@@ -133,7 +138,8 @@ class VideoRule:
         ``max_video_tokens`` (transformers 5.25+); before, an Omni's ``video_config`` one that
         differs from the video processor's own is refused (its call passes it, unread).
         ``tile_tokens``: a frames-as-tiles family's context tokens per frame (InternVL's
-        ``image_seq_length``)."""
+        ``image_seq_length``). ``one_frame_at_least``: GLM-4.1V's sampling takes a frame of a
+        clip shorter than its step (transformers 5.13+; before, none)."""
         family = style.name
         values = dict(style.defaults)
         overrides = dict(overrides or {})
@@ -230,6 +236,7 @@ class VideoRule:
                 f"{family}: fps={values['fps']} and num_frames={values.get('num_frames')} are "
                 f"mutually exclusive (the processor refuses both); set one to None"
             )
+        values["one_frame_at_least"] = one_frame_at_least
         if style.frames_as_tiles:
             values["tile_tokens"] = tile_tokens
         elif "initial_shift" in overrides:
@@ -338,11 +345,12 @@ class VideoRule:
         if not header.fps:
             raise VideoError("video_no_fps", "sampling by seconds needs the stream's frame rate")
         last = total - 1
-        duration = total / header.fps  # transformers' pyav metadata: frames / rate
+        duration = header.seconds  # transformers' pyav metadata: frames / the exact rate
         if self.style.sampling == "per_second":
             fps = self.fps
             if duration <= self.max_duration:
-                count = max(math.floor(duration * fps), 1)
+                count = math.floor(duration * fps)
+                count = max(count, 1) if self.one_frame_at_least else count
                 found = [min(last, math.ceil(i * header.fps / fps)) for i in range(count)]
             elif int(self.max_duration * fps) >= total:
                 found = list(range(total))
