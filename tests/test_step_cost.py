@@ -855,7 +855,8 @@ def test_anyres_packs_are_priced_by_their_tiles_at_selection_as_at_emission(fami
     """A pack of a one-image and a two-image conversation: each image's anyres tiles
     (LLaVA-OneVision: the two-image conversation's images one tile each, as its model reads
     ``batch_num_images``), priced from the sizes at selection and from the pack's
-    ``image_sizes`` at emission, by hand."""
+    ``image_sizes`` at emission, by hand; the tile counts are the image processor's own (its
+    pixels' tiles that are not padding)."""
     from helpers import conversation_sample
 
     from energon_packing import PackingTaskEncoder
@@ -899,6 +900,11 @@ def test_anyres_packs_are_priced_by_their_tiles_at_selection_as_at_emission(fami
     tiles = [anyres(*sizes[0])]
     tiles += [1, 1] if family == "llava_onevision" else [anyres(*s) for s in sizes[1:]]
     assert tiles[0] > 1
+    # the rule against the image processor's own pixels: each image's tiles that are not
+    # padding (OneVision's: the whole image alone for each of a multi-image conversation)
+    pixels = np.asarray(pack.media["pixel_values"])
+    made = (np.abs(pixels).reshape(*pixels.shape[:2], -1).sum(-1) > 0).sum(-1).tolist()
+    assert made == tiles, (made, sizes)
     hand = 3 * sum(tiles) * tower.grid_flops((1, tower.tile_size, tower.tile_size))
     assert te.emitted_cost(pack).vision == hand
     lengths = [s.length for s in encoded]
