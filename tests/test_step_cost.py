@@ -685,17 +685,8 @@ def test_a_tower_read_by_its_own_rule_costs_what_torch_counts(family):
 def _pixtral_config(family: str):
     """The tiny Mistral 3 (Pixtral encoder, 2 x 2 patch merger) or Pixtral-12B (LLaVA over a
     Pixtral encoder) of ``testing.families``, built from its config alone."""
-    import transformers
+    from energon_packing.testing.families_pixtral import tiny_config
 
-    vision = dict(
-        model_type="pixtral",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=64,
-        patch_size=4,
-    )
     text = dict(
         model_type="mistral",
         vocab_size=64,
@@ -706,21 +697,7 @@ def _pixtral_config(family: str):
         num_key_value_heads=1,
         head_dim=16,
     )
-    if family == "pixtral":
-        return transformers.LlavaConfig(
-            text_config=text,
-            vision_config=vision,
-            image_token_index=63,
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-        )
-    return transformers.Mistral3Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_index=63,
-        spatial_merge_size=2,
-        vision_feature_layer=-1,
-    )
+    return tiny_config(family, text=text, image_token_id=63)
 
 
 def test_row_breaks_join_an_images_rows_into_one_grid():

@@ -238,12 +238,13 @@ def _fixed_tile(
 
 #: a fixed-tile encoder config class's sizes, for what a config leaves out: (width, layers,
 #: MLP width, image side, patch side) of CLIP's, SigLIP's, InternViT's, Idefics3's (and
-#: SmolVLM's) and Ovis2's vision config classes
+#: SmolVLM's), Ovis2's and Pixtral's vision config classes
 _CLIP = (768, 12, 3072, 224, 32)
 _SIGLIP = (768, 12, 3072, 224, 16)
 _INTERNVIT = (1024, 24, 4096, 448, 14)
 _IDEFICS3_VISION = (1152, 12, 3072, 224, 32)
 _OVIS2_VISION = (1024, 24, 2816, 224, 14)
+_PIXTRAL = (1024, 24, 4096, 1024, 16)
 
 
 def _tiles(
@@ -255,11 +256,12 @@ def _tiles(
     sizes: tuple[int, int, int, int, int],
     class_tokens: int = 0,
     gated_mlp: bool = False,
+    tiled: bool = True,
 ) -> VisionTower:
     """An encoder over each fixed ``image_size`` tile alone (``class_tokens`` beside its
-    patches), ``merge x merge`` patches a token, then ``head(width)``'s layers; a size the
-    config leaves out is ``sizes``' (its config class's default); ``gated_mlp``: a gate beside
-    the MLP's up projection (SwiGLU)."""
+    patches; ``tiled=False``: over each image at its own size), ``merge x merge`` patches a
+    token, then ``head(width)``'s layers; a size the config leaves out is ``sizes``' (its
+    config class's default); ``gated_mlp``: a gate beside the MLP's up projection (SwiGLU)."""
     width, depth, mlp, image, patch = sizes
     width = _int(vision.get("hidden_size")) or width
     patch = _int(vision.get("patch_size")) or patch
@@ -275,7 +277,7 @@ def _tiles(
         spatial_merge_size=merge,
         class_tokens=class_tokens,
         head=layers,
-        tile_size=(_int(vision.get("image_size")) or image) // patch,
+        tile_size=(_int(vision.get("image_size")) or image) // patch if tiled else 0,
     )
 
 
@@ -305,21 +307,11 @@ def _paligemma_tower(vision: Mapping, *, out: int | None, top: Mapping) -> Visio
 def _pixtral(
     vision: Mapping, *, merge: int, head: Callable[[int], tuple[tuple[int, int], ...]], out
 ) -> VisionTower:
-    """A Pixtral encoder: each image at its own size, a patch a token (no class token), full
-    attention within the image, a gated MLP; ``merge x merge`` patches a token after it, then
-    ``head(width)``'s layers. A size the config leaves out is ``PixtralVisionConfig``'s."""
-    width = _int(vision.get("hidden_size")) or 1024
-    layers = head(width)
-    return VisionTower(
-        depth=_int(vision.get("num_hidden_layers")) or 24,
-        hidden_size=width,
-        intermediate_size=_int(vision.get("intermediate_size")) or 4096,
-        gated_mlp=True,
-        out_hidden_size=out or layers[-1][1],
-        patch_size=_int(vision.get("patch_size")) or 16,
-        temporal_patch_size=1,
-        spatial_merge_size=merge,
-        head=layers,
+    """A Pixtral encoder: each image at its own size (no tile), a patch a token (no class
+    token), full attention within the image, a gated MLP; ``merge x merge`` patches a token
+    after it, then ``head(width)``'s layers."""
+    return _tiles(
+        vision, merge=merge, head=head, out=out, sizes=_PIXTRAL, gated_mlp=True, tiled=False
     )
 
 

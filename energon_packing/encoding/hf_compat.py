@@ -388,6 +388,7 @@ def anyres_tiles(height: int, width: int, *, grid_pinpoints: list, tile: int) ->
     return int(image_size_to_num_patches((int(height), int(width)), pinpoints, int(tile)))
 
 
+@functools.cache
 def glm_samples_one_frame_at_least() -> bool:
     """Whether the installed ``Glm4vVideoProcessor.sample_frames`` takes a frame of a clip
     shorter than one step of its fps (``max(floor(seconds x fps), 1)``, transformers 5.13 and

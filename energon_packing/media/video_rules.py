@@ -274,6 +274,13 @@ class VideoRule:
         return cls(family=family, style=style, **values)
 
     @property
+    def frame_per_index(self) -> bool:
+        """GLM's sampling repeats its last index to an even count for a decoder that returns
+        a frame per index (torchcodec, transformers' default): its size rule and its pixels
+        take a frame for every index, the repeat included."""
+        return self.style.sampling is not None
+
+    @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
 
@@ -423,11 +430,8 @@ class VideoRule:
         """Everything the family's processor will make of the video, from its header alone
         (the sampled indices worked out once; the rest follows from them)."""
         indices = tuple(int(i) for i in self.indices(header))
-        frames = len(set(indices))  # each sampled frame decodes once
-        if self.style.sampling is not None:
-            # GLM repeats its last index to an even count for a decoder that returns a frame
-            # per index (torchcodec, transformers' default): its size rule counts them all
-            frames = len(indices)
+        # each sampled frame decodes once, or once per index (GLM: frame_per_index)
+        frames = len(indices) if self.frame_per_index else len(set(indices))
         height, width = self.size(frames, header.height, header.width)
         if self.style.frames_as_tiles:  # no temporal patches: a frame is a tile
             return VideoPlan(

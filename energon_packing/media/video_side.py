@@ -99,7 +99,7 @@ class VideoSide:
                     f"sampled frames, {len(tiles)} decoded",
                 )
             return {"pixel_values_videos": tiles.numpy()}
-        if self.rule.style.sampling is not None:  # GLM: a frame per index (VideoRule.plan)
+        if self.rule.frame_per_index:  # GLM: its repeated last index as a frame of its own
             rank = {index: n for n, index in enumerate(sorted(set(plan.indices)))}
             frames = frames[[rank[i] for i in plan.indices]]
         pixels, grid = process(frames, self.rule)

@@ -17,7 +17,7 @@ from typing import Any
 
 from energon_packing.testing.families import _built, _tiny_text, make_tokenizer
 
-__all__ = ["MISTRAL3_TEMPLATE", "PIXTRAL_FAMILIES", "torchvision_missing"]
+__all__ = ["MISTRAL3_TEMPLATE", "PIXTRAL_FAMILIES", "tiny_config", "torchvision_missing"]
 
 #: What this module builds: Mistral 3 over a Mistral text model, over a Ministral 3 text model
 #: (its attention temperature grows with the position), and Pixtral-12B (a LLaVA model).
@@ -90,6 +90,40 @@ def torchvision_missing() -> str | None:
     return None
 
 
+def tiny_config(family: str, *, text: dict, image_token_id: int) -> Any:
+    """The tiny model config of :func:`_pixtral_family` (no processor: it needs torchvision,
+    the model does not): a Pixtral vision tower of 4 px patches (one layer, 32 wide) under
+    ``text``; Pixtral-12B's a LLaVA model keeping each patch, Mistral 3's (and Ministral
+    3's) merging 2x2 patches into one token."""
+    import transformers
+
+    vision = dict(
+        model_type="pixtral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=64,
+        patch_size=4,
+    )
+    if family == "pixtral":  # pixtral-12b: a LLaVA model over a Mistral text model
+        return transformers.LlavaConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_index=image_token_id,
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            projector_hidden_act="gelu",
+        )
+    return transformers.Mistral3Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=image_token_id,
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+    )
+
+
 def _pixtral_family(family: str, model: bool) -> tuple[Any, Any, dict]:
     """A Pixtral vision tower of 4 px patches (one layer, 32 wide), images resized to at most
     64 px on their longest edge in steps of ``patch * spatial_merge_size`` px; Mistral 3 merges
@@ -110,52 +144,30 @@ def _pixtral_family(family: str, model: bool) -> tuple[Any, Any, dict]:
         spatial_merge_size=merge,
         chat_template=MISTRAL3_TEMPLATE,
     )
-    vision = dict(
-        model_type="pixtral",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=64,
-        patch_size=patch,
-    )
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    if family == "pixtral":  # pixtral-12b: a LLaVA model over a Mistral text model
-        config = transformers.LlavaConfig(
-            text_config=_tiny_text(tokenizer, model_type="mistral", head_dim=16, **ids),
-            vision_config=vision,
-            image_token_index=image_token_id,
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-            projector_hidden_act="gelu",
+    text = _tiny_text(tokenizer, model_type="mistral", head_dim=16, **ids)
+    if family == "ministral3":  # Ministral 3: the query scaled by log(1 + pos // 16)
+        text.update(
+            model_type="ministral3",
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 16.0,
+                "original_max_position_embeddings": 16,
+                "max_position_embeddings": 256,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale_all_dim": 1.0,
+                "mscale": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+            max_position_embeddings=256,
         )
-        model_cls = transformers.LlavaForConditionalGeneration
-    else:
-        text = _tiny_text(tokenizer, model_type="mistral", head_dim=16, **ids)
-        if family == "ministral3":  # Ministral 3: the query scaled by log(1 + pos // 16)
-            text.update(
-                model_type="ministral3",
-                rope_parameters={
-                    "rope_type": "yarn",
-                    "rope_theta": 1000000.0,
-                    "factor": 16.0,
-                    "original_max_position_embeddings": 16,
-                    "max_position_embeddings": 256,
-                    "beta_fast": 32.0,
-                    "beta_slow": 1.0,
-                    "mscale_all_dim": 1.0,
-                    "mscale": 1.0,
-                    "llama_4_scaling_beta": 0.1,
-                },
-                max_position_embeddings=256,
-            )
-        config = transformers.Mistral3Config(
-            text_config=text,
-            vision_config=vision,
-            image_token_index=image_token_id,
-            spatial_merge_size=merge,
-            vision_feature_layer=-1,
-        )
-        model_cls = transformers.Mistral3ForConditionalGeneration
+    config = tiny_config(family, text=text, image_token_id=image_token_id)
+    model_cls = (
+        transformers.LlavaForConditionalGeneration
+        if family == "pixtral"
+        else transformers.Mistral3ForConditionalGeneration
+    )
     info = {"family": "pixtral" if family == "pixtral" else "mistral3", "built": family}
     return _built(processor, config, model_cls, model, info)
