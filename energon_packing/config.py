@@ -66,7 +66,7 @@ DEFAULT_TOKENS_PER_SECOND = 2
 #: The largest ``tokens_per_second`` taken (published Qwen2.5-VL: 2; transformers' default: 4).
 MAX_TOKENS_PER_SECOND = 1000
 #: What ``video_config`` may set: the video processors' own names (``initial_shift`` and a
-#: ``size`` of height and width: InternVL's).
+#: ``size`` of height and width: InternVL's; ``max_duration``: GLM-4.1V's).
 VIDEO_CONFIG_KEYS = (
     "do_sample_frames",
     "fps",
@@ -79,6 +79,7 @@ VIDEO_CONFIG_KEYS = (
     "cap_pixels_per_frame",
     "max_video_tokens",
     "initial_shift",
+    "max_duration",
 )
 #: Seconds an audio clip may last (bounds the samples a worker decodes for one clip).
 DEFAULT_MAX_AUDIO_SECONDS = 600.0
@@ -582,6 +583,12 @@ def _check_video_config(config: Any) -> None:
         isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < 1e4
     ):
         raise ValueError(f"video_config['fps'] must be a number > 0 or None, got {fps!r}")
+    most = config.get("max_duration", 1)
+    if isinstance(most, bool) or not isinstance(most, numbers.Real) or not 0 < most < 1e7:
+        raise ValueError(
+            f"video_config['max_duration'] must be a number of seconds > 0 (GLM-4.1V's "
+            f"sampling), got {most!r}"
+        )
     shift = config.get("initial_shift", 0)
     if not isinstance(shift, bool) and (
         not isinstance(shift, numbers.Real) or not 0 <= shift < 1e6

@@ -399,6 +399,27 @@ def test_glm_video_settings_are_refused_where_they_mean_nothing():
     assert "max_duration" not in repr(video_rules.VideoRule.of(video_styles.QWEN2_VL, None))
 
 
+def test_max_duration_is_a_video_config_setting_of_glm_4_1v_alone():
+    """``video_config['max_duration']`` reaches GLM-4.1V's frame rule through the task
+    encoder's own validation; a bad value, and the setting for GLM-4.6V, are refused naming
+    it."""
+    processor = build("glm4v", model=False)[0]
+    te = PackingTaskEncoder(
+        max_input_seq_length=256, processor=processor, video_config={"max_duration": 5}
+    )
+    assert te.chat.videos.rule.max_duration == 5
+    with pytest.raises(ValueError, match=r"max_duration'\] must be a number of seconds > 0"):
+        PackingTaskEncoder(
+            max_input_seq_length=256, processor=processor, video_config={"max_duration": 0}
+        )
+    with pytest.raises(ValueError, match="max_duration'] is GLM-4.1V's sampling; glm46v"):
+        PackingTaskEncoder(
+            max_input_seq_length=256,
+            processor=build("glm46v", model=False)[0],
+            video_config={"max_duration": 5},
+        )
+
+
 def test_a_conversation_with_images_and_videos_is_skipped_naming_why():
     """GLM's forward fills images and videos through one ``<|image|>`` mask and refuses a call
     with both: such a conversation is skipped ``unsupported_video``, naming the mask and the
